@@ -1,0 +1,119 @@
+"""PyTorch / NumPy interop: dtypes, devices, streams, and array conversion.
+
+Small paired converters, one place for each (as NVIDIA Warp's torch interop).
+kernelkit's own array type is ``torch.Tensor``; NumPy arrays are viewed as CPU
+tensors on the way in and handed back as NumPy on the way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type as kernelkit knows it."""
+
+    name: str  # canonical name, as torch and NumPy spell it ("float16")
+    ctype: str  # the type name generated code uses (MLX's spelling)
+    torch: torch.dtype
+    itemsize: int
+    struct_code: str  # `struct` format of one value (for scalars in the argument block)
+
+    def __repr__(self) -> str:
+        return f"kernelkit.{self.name}"
+
+
+_DTYPES = [
+    DType("bool", "bool", torch.bool, 1, "?"),
+    DType("int8", "int8_t", torch.int8, 1, "b"),
+    DType("int16", "int16_t", torch.int16, 2, "h"),
+    DType("int32", "int32_t", torch.int32, 4, "i"),
+    DType("int64", "int64_t", torch.int64, 8, "q"),
+    DType("uint8", "uint8_t", torch.uint8, 1, "B"),
+    DType("uint16", "uint16_t", torch.uint16, 2, "H"),
+    DType("uint32", "uint32_t", torch.uint32, 4, "I"),
+    DType("uint64", "uint64_t", torch.uint64, 8, "Q"),
+    DType("float16", "float16_t", torch.float16, 2, "e"),
+    DType("bfloat16", "bfloat16_t", torch.bfloat16, 2, "H"),
+    DType("float32", "float", torch.float32, 4, "f"),
+    DType("float64", "double", torch.float64, 8, "d"),
+]
+_BY_NAME = {d.name: d for d in _DTYPES}
+_BY_TORCH = {d.torch: d for d in _DTYPES}
+_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bfloat": "bfloat16",
+            "int": "int32", "uint": "uint32", "long": "int64", "bool_": "bool"}
+
+SUPPORTED = ", ".join(d.name for d in _DTYPES)
+
+
+def dtype_of(spec) -> DType:
+    """A DType from a torch dtype, a NumPy dtype (or type), a DType, or a name."""
+    if isinstance(spec, DType):
+        return spec
+    if isinstance(spec, torch.dtype):
+        found = _BY_TORCH.get(spec)
+    elif isinstance(spec, str):
+        found = _BY_NAME.get(_ALIASES.get(spec, spec))
+    else:
+        try:
+            found = _BY_NAME.get(np.dtype(spec).name)
+        except TypeError:
+            found = None
+    if found is None:
+        raise TypeError(f"unsupported dtype {spec!r}; expected one of: {SUPPORTED} "
+                        "(as a torch dtype, a NumPy dtype or a name)")
+    return found
+
+
+# Python scalars are typed as MLX types them.
+SCALAR_DTYPES = {bool: _BY_NAME["bool"], int: _BY_NAME["int32"], float: _BY_NAME["float32"]}
+
+
+def is_scalar(x) -> bool:
+    return type(x) in SCALAR_DTYPES
+
+
+def as_tensor(x):
+    """A torch view of an array input, and whether it came from NumPy; None if x is no array."""
+    if isinstance(x, torch.Tensor):
+        return x, False
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x), True
+    if isinstance(x, np.generic):
+        return torch.from_numpy(np.asarray(x)), True
+    return None, False
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: hand back the raw 16-bit values' tensor
+        return t
+    return t.numpy()
+
+
+def is_row_contiguous(t: torch.Tensor) -> bool:
+    return t.is_contiguous()
+
+
+def resolve_stream(stream, device: torch.device | None) -> torch.device:
+    """The device a call runs on, from `stream=` (a torch stream or a device) and the inputs'."""
+    if stream is None:
+        if device is not None:
+            return device
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    if isinstance(stream, torch.cuda.Stream):
+        sdev = stream.device
+    else:
+        try:
+            sdev = torch.device(stream)
+        except (TypeError, RuntimeError):
+            raise TypeError(f"stream must be a torch.cuda.Stream or a device, got {stream!r}") from None
+        if sdev.type == "cuda" and sdev.index is None:
+            sdev = torch.device("cuda", torch.cuda.current_device())
+    if device is not None and sdev != device:
+        raise ValueError(f"stream is on {sdev} but the array inputs are on {device}")
+    return sdev

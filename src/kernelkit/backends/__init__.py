@@ -1,0 +1,20 @@
+"""Backends: where a generated kernel is compiled, loaded and launched.
+
+Each backend is one small module behind the same four calls: `target` (the
+entry the code generator renders), `check_dispatch`, `build(source) -> program`
+(through the shared compile cache) and `launch`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def get_backend(device: torch.device):
+    if device.type == "cuda":
+        from .cuda import BACKEND
+        return BACKEND
+    if device.type == "cpu":
+        from .cpu import BACKEND
+        return BACKEND
+    raise ValueError(f"kernelkit runs on CUDA GPUs and on the CPU, not on {device}")

@@ -1,0 +1,140 @@
+"""The CPU backend: the system C++ compiler builds the generated kernel into a
+shared library; the kernelkit runtime (`include/kernelkit/cpu_runtime.cpp`,
+itself compiled once and cached) spreads threadgroups over the cores and runs
+a group's threads as fibers when the kernel synchronises them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from ..cache import CACHE, key_of
+from ..errors import CompileError, KernelLaunchError
+
+INCLUDE = Path(__file__).resolve().parent.parent / "include"
+RUNTIME_SOURCE = INCLUDE / "kernelkit" / "cpu_runtime.cpp"
+MAX_THREADS_PER_GROUP = 1024
+_BASE_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+               "-Wno-attributes"]
+_MATH_FLAGS = {
+    "safe": ["-ffp-contract=off"],
+    "relaxed": ["-ffp-contract=fast", "-fno-math-errno"],
+    # fast math without -ffinite-math-only: isnan/isinf keep working, as on the GPU
+    "fast": ["-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
+             "-freciprocal-math", "-fassociative-math"],
+}
+
+
+class CompilerNotFound(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def compiler() -> tuple[str, str]:
+    """(path, identity) of the C++ compiler: $CXX, else g++ or clang++ on PATH."""
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "clang++", "c++"]
+    for c in candidates:
+        path = shutil.which(c)
+        if path:
+            version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+            return path, version.splitlines()[0] if version else c
+    raise CompilerNotFound(
+        "no C++ compiler found for kernelkit's CPU backend: install g++ or clang++ "
+        "(e.g. `apt-get install g++`), or set CXX")
+
+
+def compile_source(source: str, math_mode: str, extra: tuple[str, ...] = ()) -> bytes:
+    cxx, _ = compiler()
+    with tempfile.TemporaryDirectory(prefix="kernelkit-") as tmp:
+        src, out = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
+        Path(src).write_text(source)
+        cmd = [cxx, *_BASE_FLAGS, *_MATH_FLAGS[math_mode], *extra, f"-I{INCLUDE}", src, "-o", out]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(proc.stderr.replace(src + ":", "kernel.cpp:"), source)
+        return Path(out).read_bytes()
+
+
+def _load_library(key: str, source: str, build, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
+    binary, path = CACHE.get(key, ".so", source, build)
+    if not path.exists():  # the cache directory is not writable: load from a private copy
+        fd, tmp = tempfile.mkstemp(suffix=".so", prefix="kernelkit-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(binary)
+        path = Path(tmp)
+    return ctypes.CDLL(str(path), mode=mode)
+
+
+class _LaunchDesc(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("group", ctypes.c_uint * 3),
+                ("num_groups", ctypes.c_uint * 3), ("uses_sync", ctypes.c_int),
+                ("kernel_name", ctypes.c_char_p)]
+
+
+class CpuBackend:
+    target = "cpu"
+
+    def __init__(self):
+        self._runtime = None
+        self._lock = threading.Lock()
+
+    def runtime(self) -> ctypes.CDLL:
+        """libkkrt, loaded RTLD_GLOBAL so kernel libraries resolve the runtime's symbols."""
+        if self._runtime is None:
+            with self._lock:
+                if self._runtime is None:
+                    source = RUNTIME_SOURCE.read_text()
+                    key = key_of(source, "runtime", platform.machine(), compiler()[1])
+                    self._runtime = _load_library(key, source, lambda: compile_source(source, "safe"),
+                                                  mode=ctypes.RTLD_GLOBAL)
+        return self._runtime
+
+    def check_dispatch(self, device, grid, group, shared: int, caller: str) -> None:
+        threads = group[0] * group[1] * group[2]
+        if threads > MAX_THREADS_PER_GROUP:
+            raise ValueError(f"[{caller}] threadgroup {group} has {threads} threads; at most "
+                             f"{MAX_THREADS_PER_GROUP} are allowed.")
+
+    def build(self, source: str, device, math_mode: str, uses_sync: bool, context: str, body: str,
+              header: str):
+        self.runtime()
+        key = key_of(source, math_mode, platform.machine(), compiler()[1])
+
+        def compile_():
+            try:
+                return compile_source(source, math_mode)
+            except CompileError as e:
+                raise e.with_context(context, body, header) from None
+
+        return _Program(_load_library(key, source, compile_), uses_sync)
+
+    def launch(self, program, device, grid, group, shared: int, stream, block: bytes, name: str) -> None:
+        groups = tuple(-(-n // g) for n, g in zip(grid, group))
+        desc = _LaunchDesc((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*group),
+                           (ctypes.c_uint * 3)(*groups), program.uses_sync, name.encode())
+        err = ctypes.create_string_buffer(2048)
+        if program.launch(block, ctypes.byref(desc), err, len(err)) != 0:
+            raise KernelLaunchError(err.value.decode(errors="replace"))
+
+
+class _Program:
+    __slots__ = ("lib", "launch", "uses_sync")
+
+    def __init__(self, lib: ctypes.CDLL, uses_sync: bool):
+        self.lib = lib
+        self.uses_sync = int(uses_sync)
+        self.launch = lib.kk_launch  # kk_rt_launch with this library's group function
+        self.launch.restype = ctypes.c_int
+        self.launch.argtypes = [ctypes.c_char_p, ctypes.POINTER(_LaunchDesc), ctypes.c_char_p,
+                                ctypes.c_size_t]
+
+
+BACKEND = CpuBackend()

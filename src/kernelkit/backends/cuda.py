@@ -1,0 +1,258 @@
+"""The NVIDIA backend: NVRTC to machine code for the device's own architecture,
+the driver API to load and launch, on the current torch stream.
+
+NVIDIA's own bindings (cuda-bindings) for both; headers and NVRTC come from
+NVIDIA's wheels or from a CUDA toolkit (`CUDA_HOME`), found by cuda-pathfinder.
+Every NVRTC and driver call goes through `_check`, which raises with the
+compiler's log or the driver's error name.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+
+from ..errors import CompileError, KernelLaunchError
+
+INCLUDE = Path(__file__).resolve().parent.parent / "include"
+_MATH_FLAGS = {
+    "safe": ["-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"],
+    "relaxed": ["-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true"],
+    "fast": ["--use_fast_math"],
+}
+
+
+class CudaUnavailable(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _bindings():
+    try:
+        from cuda.bindings import driver, nvrtc
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise CudaUnavailable(
+            "NVIDIA's Python bindings are missing (pip install cuda-bindings); "
+            "the CPU backend is available") from e
+    return driver, nvrtc
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_include_dirs() -> tuple[str, ...]:
+    """CUDA's headers (cuda_fp16.h, ...): NVIDIA's wheels first, else CUDA_HOME."""
+    dirs = []
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+        found = find_nvidia_header_directory("cudart")
+        if found:
+            dirs.append(found)
+    except Exception:
+        pass
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    if not dirs and os.path.isdir(os.path.join(home, "include")):
+        dirs.append(os.path.join(home, "include"))
+    if not dirs:
+        raise CudaUnavailable("CUDA headers not found: pip install nvidia-cuda-runtime, or set CUDA_HOME")
+    return tuple(dirs)
+
+
+def _check(result, what: str):
+    """Unpack a cuda-bindings result tuple, raising with the driver's or NVRTC's error name."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        driver, nvrtc = _bindings()
+        if isinstance(err, nvrtc.nvrtcResult):
+            name = nvrtc.nvrtcGetErrorString(err)[1].decode()
+        else:
+            name = driver.cuGetErrorName(err)[1]
+            name = name.decode() if name else str(err)
+        raise KernelLaunchError(f"{what} failed: {name}")
+    return values[0] if len(values) == 1 else values
+
+
+def nvrtc_version() -> str:
+    _, nvrtc = _bindings()
+    major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    return f"nvrtc-{major}.{minor}"
+
+
+def compile_source(source: str, arch: str, math_mode: str, extra: tuple[str, ...] = ()) -> bytes:
+    """CUDA C++ -> cubin for `arch` (e.g. "sm_90")."""
+    _, nvrtc = _bindings()
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
+    try:
+        opts = [f"-arch={arch}", "-std=c++17", "-default-device", f"-I{INCLUDE}",
+                *(f"-I{d}" for d in cuda_include_dirs()), *_MATH_FLAGS[math_mode], *extra]
+        opts = [o.encode() for o in opts]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if int(err) != 0:
+            raise CompileError(_log(prog), source)
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _log(prog) -> str:
+    _, nvrtc = _bindings()
+    size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+    log = b" " * size
+    _check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+    return log.rstrip(b"\0 ").decode(errors="replace")
+
+
+class Device:
+    """One GPU: its architecture, limits, primary context, and the modules loaded on it."""
+
+    _all: dict[int, "Device"] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, index: int):
+        driver, _ = _bindings()
+        _check(driver.cuInit(0), "cuInit")
+        self.index = index
+        self.handle = _check(driver.cuDeviceGet(index), "cuDeviceGet")
+        attr = driver.CUdevice_attribute
+
+        def get(a):
+            return _check(driver.cuDeviceGetAttribute(a, self.handle), "cuDeviceGetAttribute")
+
+        major = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        minor = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        self.arch = f"sm_{major}{minor}"
+        self.max_threads = get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+        self.max_block = (get(attr.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X),
+                          get(attr.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
+                          get(attr.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z))
+        self.max_grid = (get(attr.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X),
+                         get(attr.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y),
+                         get(attr.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))
+        self.max_shared_optin = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.context = _check(driver.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
+        self._context_int = int(self.context)
+        self.modules: dict[str, object] = {}  # compile-cache key -> loaded kk_entry
+
+    @classmethod
+    def get(cls, index: int) -> "Device":
+        dev = cls._all.get(index)
+        if dev is None:
+            with cls._lock:
+                dev = cls._all.get(index) or cls._all.setdefault(index, Device(index))
+        return dev
+
+    def load(self, cubin: bytes):
+        """A CUfunction of the cubin's `kk_entry`, loaded into this device's primary context."""
+        driver, _ = _bindings()
+        with self.current():
+            module = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+            func = _check(driver.cuModuleGetFunction(module, b"kk_entry"), "cuModuleGetFunction")
+        return func
+
+    def current(self):
+        return _ContextGuard(self)
+
+    def set_max_dynamic_shared(self, func, nbytes: int) -> None:
+        driver, _ = _bindings()
+        _check(driver.cuFuncSetAttribute(
+            func, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
+            "cuFuncSetAttribute")
+
+
+class _ContextGuard:
+    """Makes the device's primary context current for a while, restoring whatever was current.
+
+    torch keeps its current device in the driver's current context, so a launch
+    on another device must not leave its context behind.
+    """
+
+    __slots__ = ("device", "pushed")
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.pushed = False
+
+    def __enter__(self):
+        driver, _ = _bindings()
+        current = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(current) != self.device._context_int:
+            _check(driver.cuCtxPushCurrent(self.device.context), "cuCtxPushCurrent")
+            self.pushed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            driver, _ = _bindings()
+            _check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
+        return False
+
+
+def launch(device: Device, func, blocks, threads, shared: int, stream: int, params_address: int) -> None:
+    driver, _ = _bindings()
+    with device.current():
+        err, = driver.cuLaunchKernel(func, *blocks, *threads, shared, stream, params_address, 0)
+    if int(err) != 0:
+        _check((err,), "cuLaunchKernel")
+
+
+class CudaBackend:
+    target = "cuda"
+
+    def check_dispatch(self, device, grid, group, shared: int, caller: str) -> None:
+        dev = Device.get(device.index)
+        threads = group[0] * group[1] * group[2]
+        if threads > dev.max_threads or any(g > m for g, m in zip(group, dev.max_block)):
+            raise ValueError(f"[{caller}] threadgroup {group} exceeds the device's limits: at most "
+                             f"{dev.max_threads} threads, {dev.max_block} per dimension.")
+        blocks = tuple(-(-n // g) for n, g in zip(grid, group))
+        if any(b > m for b, m in zip(blocks, dev.max_grid)):
+            raise ValueError(f"[{caller}] grid {grid} with threadgroup {group} needs {blocks} "
+                             f"threadgroups; the device allows at most {dev.max_grid}.")
+        if shared > dev.max_shared_optin:
+            raise ValueError(f"[{caller}] shared_memory={shared} bytes exceeds the device's "
+                             f"{dev.max_shared_optin} bytes per block.")
+
+    def build(self, source: str, device, math_mode: str, uses_sync: bool, context: str, body: str,
+              header: str):
+        from ..cache import CACHE, key_of
+        dev = Device.get(device.index)
+        key = key_of(source, math_mode, dev.arch, nvrtc_version())
+
+        def compile_():
+            try:
+                return compile_source(source, dev.arch, math_mode)
+            except CompileError as e:
+                raise e.with_context(context, body, header) from None
+
+        func = dev.modules.get(key)
+        if func is None:
+            cubin, _ = CACHE.get(key, ".cubin", source, compile_)
+            func = dev.modules.setdefault(key, dev.load(cubin))
+        return _Program(dev, func)
+
+    def launch(self, program, device, grid, group, shared: int, stream, block: bytes, name: str) -> None:
+        import ctypes
+        dev, func = program.device, program.func
+        if shared > 48 * 1024 and shared > program.shared_limit:
+            dev.set_max_dynamic_shared(func, shared)
+            program.shared_limit = shared
+        if stream is None or not hasattr(stream, "cuda_stream"):
+            import torch
+            stream = torch.cuda.current_stream(device)
+        buf = ctypes.c_char_p(block)
+        params = (ctypes.c_void_p * 1)(ctypes.cast(buf, ctypes.c_void_p))
+        blocks = tuple(-(-n // g) for n, g in zip(grid, group))
+        launch(dev, func, blocks, group, shared, stream.cuda_stream, ctypes.addressof(params))
+
+
+class _Program:
+    __slots__ = ("device", "func", "shared_limit")
+
+    def __init__(self, device: Device, func):
+        self.device, self.func, self.shared_limit = device, func, 48 * 1024
+
+
+BACKEND = CudaBackend()

@@ -1,0 +1,201 @@
+"""The Metal Shading Language front end.
+
+MSL is C++14 with address spaces, attributes and a standard library. The
+library is the prelude (`include/kernelkit/metal.h`), compiled inside
+`namespace metal` so MSL's names hide CUDA's and libc's. What is left for this
+front end is a token-level rewrite that keeps line numbers:
+
+- `device`, `constant`, `thread`, and `threadgroup` on pointers and references
+  vanish (one flat address space on both targets);
+- a `threadgroup` declaration becomes `KK_THREADGROUP` storage (CUDA shared
+  memory; per-group memory on the CPU); program-scope `constant` data becomes
+  `KK_PROGRAM_CONSTANT`;
+- swizzles: `v.xy` -> `v.template swizzle<0,1>()`, `c.rgb` likewise, and the
+  single colour names `.r .g .b .a` -> `.x .y .z .w`, unless the user's source
+  declares that name for something else.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..signature import Param
+from .tokens import Token, identifiers, tokenize, untokenize
+
+NAME = "metal_kernel"
+PRELUDE = "kernelkit/metal.h"
+ENTRY_PRELUDES = ["kernelkit/metal_attributes.h"]
+NAMESPACE = "metal"
+DEFAULT_MATH_MODE = "fast"  # Metal compiles with fast math unless told otherwise
+
+_ADDRESS_SPACES = {"device", "constant", "thread"}
+_SWIZZLE = re.compile(r"(?:[xyzw]{1,4}|[rgba]{1,4})\Z")
+_COMPONENT = {c: i for i, c in enumerate("xyzw")} | {c: i for i, c in enumerate("rgba")}
+# Names whose use means the kernel synchronises threads: the CPU runs it as fibers.
+_SYNC = re.compile(r"(?:simd_|quad_)\w+|(?:threadgroup|simdgroup)_barrier")
+
+
+def uses_sync(idents: set[str]) -> bool:
+    return any(_SYNC.fullmatch(i) for i in idents)
+
+
+def lower(source: str, avoid: set[str], program_scope: bool) -> str:
+    """Rewrite MSL-only syntax; `avoid` are identifiers that must not be read as swizzles."""
+    tokens = tokenize(source)
+    _lower_tokens(tokens, avoid, program_scope)
+    return untokenize(tokens)
+
+
+def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> None:
+    code = [i for i, t in enumerate(tokens) if t.kind not in ("ws", "comment")]
+    depth = 0  # braces and parentheses: `constant` at depth 0 of a header is program-scope data
+    for n, i in enumerate(code):
+        t = tokens[i]
+        if t.kind == "pp" and re.match(r"#\s*define\b", t.text):
+            t.text = lower(t.text, avoid, program_scope=False)
+            continue
+        if t.kind == "punct":
+            depth += t.text in "{(" and len(t.text) == 1
+            depth -= t.text in "})" and len(t.text) == 1
+            continue
+        if t.kind != "ident":
+            continue
+        prev = tokens[code[n - 1]].text if n else ""
+        if prev in (".", "->"):
+            if _SWIZZLE.match(t.text) and t.text not in avoid and len(t.text) > 1 \
+                    or t.text in "rgba" and t.text not in avoid:
+                t.text = _swizzle(t.text)
+            continue
+        if t.text in _ADDRESS_SPACES:
+            if t.text == "constant" and program_scope and depth == 0 \
+                    and not _is_pointer_or_reference(tokens, code, n):
+                t.text = "KK_PROGRAM_CONSTANT"
+            else:
+                t.text = ""
+        elif t.text == "threadgroup":
+            t.text = "" if _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
+
+
+def _is_pointer_or_reference(tokens: list[Token], code: list[int], n: int) -> bool:
+    """Does the declaration starting after code[n] declare a pointer or reference?"""
+    angle = 0
+    for i in code[n + 1:]:
+        text = tokens[i].text
+        if text == "<":
+            angle += 1
+        elif text == ">":
+            angle -= 1
+        elif text == ">>":
+            angle -= 2
+        elif angle <= 0:
+            if text in ("*", "&", "&&"):
+                return True
+            if text in (";", "=", "[", "(", ")", ",", "{", "}"):
+                return False
+    return False
+
+
+def _swizzle(name: str) -> str:
+    if len(name) == 1:
+        return "xyzw"[_COMPONENT[name]]
+    return "template swizzle<" + ",".join(str(_COMPONENT[c]) for c in name) + ">()"
+
+
+def member_names(source: str) -> set[str]:
+    """Identifiers declared inside the user's struct/class/union bodies: never read as swizzles."""
+    tokens = [t for t in tokenize(source) if t.kind not in ("ws", "comment")]
+    found, depth, inside = set(), 0, []  # brace depths at which an aggregate's body opened
+    pending = False
+    for t in tokens:
+        if t.kind == "ident" and t.text in ("struct", "class", "union"):
+            pending = True
+        elif t.text == ";":
+            pending = False
+        elif t.text == "{":
+            depth += 1
+            if pending:
+                inside.append(depth)
+                pending = False
+        elif t.text == "}":
+            if inside and inside[-1] == depth:
+                inside.pop()
+            depth -= 1
+        elif t.kind == "ident" and inside:
+            found.add(t.text)
+    return found
+
+
+# --- rendering of the signature --------------------------------------------------------------
+
+def param_decl(p: Param) -> str:
+    """The C++ parameter of the body function (what the body sees)."""
+    if p.role == "input":
+        return f"const {p.ctype}& {p.name}" if p.scalar else f"const {p.ctype}* {p.name}"
+    if p.role == "output":
+        return f"atomic<{p.ctype}>* {p.name}" if p.atomic else f"{p.ctype}* {p.name}"
+    if p.role == "shape":
+        return f"const int* {p.name}"
+    if p.role == "strides":
+        return f"const int64_t* {p.name}"
+    if p.role == "ndim":
+        return f"const int& {p.name}"
+    return f"const {p.ctype} {p.name}"
+
+
+def msl_param_decl(p: Param, buffer: int) -> str:
+    """The same parameter as MLX writes it in Metal, for `verbose`."""
+    if p.role == "attribute":
+        return f"{p.ctype} {p.name} [[{p.name}]]"
+    if p.role == "input":
+        decl = f"const constant {p.ctype}& {p.name}" if p.scalar else f"const device {p.ctype}* {p.name}"
+    elif p.role == "output":
+        decl = f"device atomic<{p.ctype}>* {p.name}" if p.atomic else f"device {p.ctype}* {p.name}"
+    elif p.role == "shape":
+        decl = f"const constant int* {p.name}"
+    elif p.role == "strides":
+        decl = f"const constant int64_t* {p.name}"
+    else:
+        decl = f"const constant int& {p.name}"
+    return f"{decl} [[buffer({buffer})]]"
+
+
+def call_arg(p: Param) -> str:
+    """How the entry passes the argument-block field `a.<name>` to the body function."""
+    if p.role == "attribute":
+        return f"kk_attr::{p.name}(t)"
+    if p.role == "input" and p.scalar and not p.by_value:
+        return f"*a.{p.name}"
+    if p.role == "output" and p.atomic:
+        return f"reinterpret_cast<{NAMESPACE}::atomic<{p.ctype}>*>(a.{p.name})"
+    return f"a.{p.name}"
+
+
+def source_view(name: str, signature, header: str, body: str) -> str:
+    """The kernel as MLX would generate it in Metal (printed by `verbose=True`)."""
+    lines = [header.rstrip(), ""] if header.strip() else []
+    if signature.template:
+        lines.append("template <" + ", ".join(template_param(n, v) for n, v in signature.template) + ">")
+    buffers = [p for p in signature.params if p.role != "attribute"]
+    decls = [msl_param_decl(p, i) for i, p in enumerate(buffers)]
+    decls += [msl_param_decl(p, 0) for p in signature.params if p.role == "attribute"]
+    lines.append(f"[[kernel]] void custom_kernel_{name}(\n  " + ",\n  ".join(decls) + ") {")
+    lines += [body.rstrip(), "}"]
+    return "\n".join(lines) + "\n"
+
+
+def template_param(name: str, value) -> str:
+    if isinstance(value, bool):
+        return f"bool {name}"
+    if isinstance(value, int):
+        return f"int {name}"
+    return f"typename {name}"
+
+
+def front_end(header: str, body: str) -> tuple[str, str]:
+    """Lowered (header, body)."""
+    avoid = member_names(header) | member_names(body)
+    return lower(header, avoid, program_scope=True), lower(body, avoid, program_scope=False)
+
+
+def mentions(body: str) -> set[str]:
+    return identifiers(body)

@@ -1,0 +1,37 @@
+// kernelkit/metal.h: the Metal Shading Language layer. A generated kernel
+// includes this, then puts the user's header and body inside `namespace metal`
+// so that MSL's names (float4, exp, max, atomic_int...) hide the target's own.
+//
+// Written once for every target, on the contract of DESIGN.md: the target
+// header (target_cuda.h or target_cpu.h) defines KK_FN, KK_THREADGROUP,
+// KK_PROGRAM_CONSTANT and namespace kk; nothing below uses a target directly.
+// Choose the target with KK_TARGET_CUDA or KK_TARGET_CPU, and the math mode with
+// KK_MATH_FAST (else precise), before including this file. (A test may include
+// its own target header first; it defines KK_TARGET_DEFINED.)
+#pragma once
+
+#ifndef KK_TARGET_DEFINED
+#if defined(KK_TARGET_CUDA)
+#include "target_cuda.h"
+#else
+#include "target_cpu.h"
+#endif
+#endif
+
+// Hosted targets declare the C math functions (expf, floorf...) in <math.h>;
+// NVRTC has them built in and no such header.
+#if defined(__has_include)
+#if __has_include(<math.h>)
+#include <math.h>
+#endif
+#endif
+
+#include "metal/traits.h"    // uint, int64_t, size_t...; is_same, enable_if_t...
+#include "metal/half.h"      // half, bfloat
+#include "metal/vector.h"    // vec<T, N>, float4..., packed_float3...
+#include "metal/limits.h"    // numeric_limits, as_type, M_PI_F, INFINITY...
+#include "metal/integer.h"   // clz, popcount, addsat...
+#include "metal/math.h"      // exp, floor, min, clamp, isnan, dot... (+ precise::, fast::)
+#include "metal/atomic.h"    // atomic<T>, atomic_fetch_add_explicit...
+#include "metal/simd.h"      // barriers, simd_*, quad_*
+#include "utils.h"           // elem_to_loc, ceildiv

@@ -1,0 +1,350 @@
+// kernelkit/target_cuda.h: the target layer for NVIDIA GPUs (NVRTC or nvcc, sm_70+).
+//
+// Implements the contract of DESIGN.md ("The target layer contract") with CUDA
+// intrinsics, plus the optional extras metal.h uses when a target offers them:
+//   KK_HAS_FAST_MATH       kk::fast::exp(float)...  hardware approximations (metal::fast)
+//   KK_HAS_BIT_INTRINSICS  kk::clz32, popcount64...  single-instruction bit ops
+//   KK_HAS_ATOMIC_ADD_F16  kk::atomic_fetch_add on kk::half_t / kk::bfloat_t
+// Synchronising functions take a trailing kk::site (launch.h) like the CPU
+// target's, so metal.h can pass the user's call site; CUDA has no use for it.
+// No CUDA header is needed: NVRTC declares the intrinsics used here, and the
+// 16-bit conversions are one PTX instruction each (cheaper to compile than cuda_fp16.h).
+#pragma once
+
+#include "launch.h"
+
+#define KK_TARGET_DEFINED 1
+
+#define KK_FN __device__ __forceinline__
+#define KK_THREADGROUP __shared__
+#define KK_PROGRAM_CONSTANT __constant__ const
+
+namespace kk {
+
+// ---------------------------------------------------------------------------
+// 16-bit floats: bit patterns <-> float, round to nearest even.
+
+KK_FN float half_to_float(unsigned short bits) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+  return f;
+}
+KK_FN unsigned short float_to_half(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+KK_FN float bfloat_to_float(unsigned short bits) {
+  return __uint_as_float(static_cast<unsigned>(bits) << 16);
+}
+KK_FN unsigned short float_to_bfloat(float f) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<unsigned short>(u >> 16);
+#endif
+}
+
+// Storage types for 16-bit float atomics (the bit pattern, tagged by format).
+struct half_t { unsigned short bits; };
+struct bfloat_t { unsigned short bits; };
+
+// ---------------------------------------------------------------------------
+// SIMD-group primitives. A Metal SIMD-group is a warp; "active" lanes are the
+// lanes of __activemask(): lanes that returned early or sit in the other side
+// of a branch do not take part.
+
+namespace detail {
+constexpr unsigned full_mask = 0xffffffffu;
+
+// Any trivially copyable T moves through the shuffle network as 32-bit words.
+template <class T>
+struct words {
+  static constexpr int n = (sizeof(T) + 3) / 4;
+  union {
+    T value;
+    unsigned w[n];
+  };
+};
+
+template <class T, class Shfl>
+KK_FN T shuffle_words(T v, Shfl shfl) {
+  words<T> in, out;
+#pragma unroll
+  for (int i = 0; i < words<T>::n; ++i) in.w[i] = 0;  // defined padding bytes
+  in.value = v;
+#pragma unroll
+  for (int i = 0; i < words<T>::n; ++i) out.w[i] = shfl(in.w[i]);
+  return out.value;
+}
+}  // namespace detail
+
+KK_FN unsigned simd_lane() {
+  unsigned r;
+  asm("mov.u32 %0, %%laneid;" : "=r"(r));
+  return r;
+}
+KK_FN unsigned simd_active_mask(site = site()) { return __activemask(); }
+KK_FN unsigned simd_ballot(bool p, site = site()) { return __ballot_sync(__activemask(), p); }
+
+// v of src_lane; a lane reading an inactive lane gets its own v.
+template <class T>
+KK_FN T simd_shuffle(T v, unsigned src_lane, site = site()) {
+  const unsigned mask = __activemask();
+  src_lane &= 31u;
+  if (!((mask >> src_lane) & 1u)) src_lane = simd_lane();
+  return detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src_lane); });
+}
+
+// Reduction over the active lanes of each aligned group of W lanes; every
+// active lane gets the result. Fast path: a full warp, butterfly in log2(W)
+// steps. General path: each lane reads the W lanes of its group (the same
+// number of shuffles on every lane, as __shfl_sync requires) and folds the
+// active ones in lane order.
+template <unsigned W, class T, class Op>
+KK_FN T simd_reduce(T v, Op op, site = site()) {
+  static_assert(W == 32 || W == 16 || W == 8 || W == 4 || W == 2, "group width");
+  const unsigned mask = __activemask();
+  if (mask == detail::full_mask) {
+#pragma unroll
+    for (unsigned off = W / 2; off > 0; off >>= 1)
+      v = op(v, detail::shuffle_words(v, [&](unsigned w) { return __shfl_xor_sync(mask, w, off); }));
+    return v;
+  }
+  const unsigned base = simd_lane() & ~(W - 1);
+  T acc = v;
+  bool have = false;
+#pragma unroll
+  for (unsigned k = 0; k < W; ++k) {
+    const unsigned src = base + k;
+    T x = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
+    if ((mask >> src) & 1u) {
+      acc = have ? op(acc, x) : x;
+      have = true;
+    }
+  }
+  return acc;
+}
+
+// Prefix (scan) over the active lanes of each aligned group of W lanes, in
+// lane order; an exclusive scan gives `identity` to the group's first active lane.
+template <unsigned W, class T, class Op>
+KK_FN T simd_scan(T v, Op op, T identity, bool inclusive, site = site()) {
+  static_assert(W == 32 || W == 16 || W == 8 || W == 4 || W == 2, "group width");
+  const unsigned mask = __activemask();
+  const unsigned lane = simd_lane();
+  if (mask == detail::full_mask) {
+    const unsigned pos = lane & (W - 1);
+#pragma unroll
+    for (unsigned off = 1; off < W; off <<= 1) {
+      T y = detail::shuffle_words(v, [&](unsigned w) { return __shfl_up_sync(mask, w, off, W); });
+      if (pos >= off) v = op(y, v);
+    }
+    if (inclusive) return v;
+    T y = detail::shuffle_words(v, [&](unsigned w) { return __shfl_up_sync(mask, w, 1, W); });
+    return pos == 0 ? identity : y;
+  }
+  const unsigned base = lane & ~(W - 1);
+  T acc = identity;
+#pragma unroll
+  for (unsigned k = 0; k < W; ++k) {
+    const unsigned src = base + k;
+    T x = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
+    if (((mask >> src) & 1u) && (inclusive ? src <= lane : src < lane)) acc = op(acc, x);
+  }
+  return acc;
+}
+
+// ---------------------------------------------------------------------------
+// Barriers. Threads that returned early (outside the grid) count as arrived.
+
+KK_FN void threadgroup_barrier(site = site()) { __syncthreads(); }
+KK_FN void simdgroup_barrier(site = site()) { __syncwarp(__activemask()); }
+
+// ---------------------------------------------------------------------------
+// Atomics on plain memory, relaxed order, device scope (threadgroup memory
+// works through the same generic addresses).
+
+namespace detail {
+template <class T> struct atomic_word;  // the integer CUDA's atomics work on
+template <> struct atomic_word<int> { using type = int; };
+template <> struct atomic_word<unsigned> { using type = unsigned; };
+template <> struct atomic_word<long long> { using type = unsigned long long; };
+template <> struct atomic_word<unsigned long long> { using type = unsigned long long; };
+template <> struct atomic_word<float> { using type = unsigned; };
+template <> struct atomic_word<double> { using type = unsigned long long; };
+template <> struct atomic_word<half_t> { using type = unsigned short; };
+template <> struct atomic_word<bfloat_t> { using type = unsigned short; };
+
+template <class T> KK_FN typename atomic_word<T>::type to_word(T v) {
+  return __builtin_bit_cast(typename atomic_word<T>::type, v);
+}
+template <class T> KK_FN T from_word(typename atomic_word<T>::type w) { return __builtin_bit_cast(T, w); }
+
+KK_FN float to_float(half_t h) { return half_to_float(h.bits); }
+KK_FN float to_float(bfloat_t h) { return bfloat_to_float(h.bits); }
+
+// Compare-and-swap loop for the operations CUDA has no instruction for.
+template <class T, class F>
+KK_FN T cas_loop(T* p, F f) {
+  using Word = typename atomic_word<T>::type;
+  Word* wp = reinterpret_cast<Word*>(p);
+  Word old = *reinterpret_cast<volatile Word*>(wp), assumed;
+  do {
+    assumed = old;
+    old = atomicCAS(wp, assumed, to_word(f(from_word<T>(assumed))));
+  } while (old != assumed);
+  return from_word<T>(old);
+}
+}  // namespace detail
+
+template <class T> KK_FN T atomic_load(T* p) {
+  using Word = typename detail::atomic_word<T>::type;
+  return detail::from_word<T>(*reinterpret_cast<volatile Word*>(p));
+}
+template <class T> KK_FN void atomic_store(T* p, T v) {
+  using Word = typename detail::atomic_word<T>::type;
+  *reinterpret_cast<volatile Word*>(p) = detail::to_word(v);
+}
+
+template <class T> KK_FN T atomic_exchange(T* p, T v) {
+  if constexpr (sizeof(T) == 2) {
+    return detail::cas_loop(p, [&](T) { return v; });
+  } else {
+    using Word = typename detail::atomic_word<T>::type;
+    return detail::from_word<T>(atomicExch(reinterpret_cast<Word*>(p), detail::to_word(v)));
+  }
+}
+
+// Compares bit patterns, as C++ does; on failure *expected receives the current value.
+template <class T> KK_FN bool atomic_compare_exchange(T* p, T* expected, T desired) {
+  using Word = typename detail::atomic_word<T>::type;
+  const Word want = detail::to_word(*expected);
+  const Word old = atomicCAS(reinterpret_cast<Word*>(p), want, detail::to_word(desired));
+  if (old == want) return true;
+  *expected = detail::from_word<T>(old);
+  return false;
+}
+
+namespace detail {
+// One overload per type and operation; the contract's templates below pick them.
+KK_FN half_t negate(half_t v) { return half_t{static_cast<unsigned short>(v.bits ^ 0x8000u)}; }
+KK_FN bfloat_t negate(bfloat_t v) { return bfloat_t{static_cast<unsigned short>(v.bits ^ 0x8000u)}; }
+template <class T> KK_FN T negate(T v) { return static_cast<T>(T(0) - v); }  // wraps for unsigned
+
+using ull = unsigned long long;
+KK_FN int fetch_add(int* p, int v) { return atomicAdd(p, v); }
+KK_FN unsigned fetch_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+KK_FN ull fetch_add(ull* p, ull v) { return atomicAdd(p, v); }
+KK_FN long long fetch_add(long long* p, long long v) {
+  return static_cast<long long>(atomicAdd(reinterpret_cast<ull*>(p), static_cast<ull>(v)));
+}
+KK_FN float fetch_add(float* p, float v) { return atomicAdd(p, v); }
+KK_FN double fetch_add(double* p, double v) { return atomicAdd(p, v); }
+KK_FN half_t fetch_add(half_t* p, half_t v) {
+  unsigned short old;
+  asm volatile("atom.add.noftz.f16 %0, [%1], %2;" : "=h"(old) : "l"(p), "h"(v.bits) : "memory");
+  return half_t{old};
+}
+KK_FN bfloat_t fetch_add(bfloat_t* p, bfloat_t v) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  unsigned short old;
+  asm volatile("atom.add.noftz.bf16 %0, [%1], %2;" : "=h"(old) : "l"(p), "h"(v.bits) : "memory");
+  return bfloat_t{old};
+#else
+  return cas_loop(p, [&](bfloat_t x) { return bfloat_t{float_to_bfloat(to_float(x) + to_float(v))}; });
+#endif
+}
+
+KK_FN int fetch_sub(int* p, int v) { return atomicSub(p, v); }
+KK_FN unsigned fetch_sub(unsigned* p, unsigned v) { return atomicSub(p, v); }
+template <class T> KK_FN T fetch_sub(T* p, T v) { return fetch_add(p, negate(v)); }
+
+#define KK_CUDA_INT_ATOMIC(name, intrinsic)                                                    \
+  KK_FN int name(int* p, int v) { return intrinsic(p, v); }                                    \
+  KK_FN unsigned name(unsigned* p, unsigned v) { return intrinsic(p, v); }                     \
+  KK_FN ull name(ull* p, ull v) { return intrinsic(p, v); }
+KK_CUDA_INT_ATOMIC(fetch_min, atomicMin)
+KK_CUDA_INT_ATOMIC(fetch_max, atomicMax)
+KK_CUDA_INT_ATOMIC(fetch_and, atomicAnd)
+KK_CUDA_INT_ATOMIC(fetch_or, atomicOr)
+KK_CUDA_INT_ATOMIC(fetch_xor, atomicXor)
+#undef KK_CUDA_INT_ATOMIC
+KK_FN long long fetch_min(long long* p, long long v) { return atomicMin(p, v); }
+KK_FN long long fetch_max(long long* p, long long v) { return atomicMax(p, v); }
+#define KK_CUDA_BITS_AS_ULL(name)                                                              \
+  KK_FN long long name(long long* p, long long v) {                                            \
+    return static_cast<long long>(name(reinterpret_cast<ull*>(p), static_cast<ull>(v)));       \
+  }
+KK_CUDA_BITS_AS_ULL(fetch_and)
+KK_CUDA_BITS_AS_ULL(fetch_or)
+KK_CUDA_BITS_AS_ULL(fetch_xor)
+#undef KK_CUDA_BITS_AS_ULL
+
+// Floating-point min/max: CAS loop that only writes when the value changes.
+template <class T> KK_FN float as_float(T v) { return to_float(v); }
+KK_FN float as_float(float v) { return v; }
+KK_FN double as_float(double v) { return v; }
+template <bool Max, class T>
+KK_FN T fetch_minmax_float(T* p, T v) {
+  T old = atomic_load(p);
+  const auto fv = as_float(v);
+  while (Max ? fv > as_float(old) : fv < as_float(old)) {
+    T expected = old;
+    if (atomic_compare_exchange(p, &expected, v)) break;
+    old = expected;
+  }
+  return old;
+}
+template <class T> KK_FN T fetch_min(T* p, T v) { return fetch_minmax_float<false>(p, v); }
+template <class T> KK_FN T fetch_max(T* p, T v) { return fetch_minmax_float<true>(p, v); }
+}  // namespace detail
+
+template <class T> KK_FN T atomic_fetch_add(T* p, T v) { return detail::fetch_add(p, v); }
+template <class T> KK_FN T atomic_fetch_sub(T* p, T v) { return detail::fetch_sub(p, v); }
+template <class T> KK_FN T atomic_fetch_min(T* p, T v) { return detail::fetch_min(p, v); }
+template <class T> KK_FN T atomic_fetch_max(T* p, T v) { return detail::fetch_max(p, v); }
+template <class T> KK_FN T atomic_fetch_and(T* p, T v) { return detail::fetch_and(p, v); }
+template <class T> KK_FN T atomic_fetch_or(T* p, T v) { return detail::fetch_or(p, v); }
+template <class T> KK_FN T atomic_fetch_xor(T* p, T v) { return detail::fetch_xor(p, v); }
+#define KK_HAS_ATOMIC_ADD_F16 1
+
+// ---------------------------------------------------------------------------
+// Optional extras (see the top of this file).
+
+#define KK_HAS_FAST_MATH 1
+namespace fast {
+KK_FN float exp(float x) { return __expf(x); }
+KK_FN float exp2(float x) { return exp2f(x); }  // ex2.approx.ftz: already the fast path
+KK_FN float exp10(float x) { return __exp10f(x); }
+KK_FN float log(float x) { return __logf(x); }
+KK_FN float log2(float x) { return __log2f(x); }
+KK_FN float log10(float x) { return __log10f(x); }
+KK_FN float sin(float x) { return __sinf(x); }
+KK_FN float cos(float x) { return __cosf(x); }
+KK_FN float tan(float x) { return __tanf(x); }
+KK_FN float pow(float x, float y) { return __powf(x, y); }
+KK_FN float rsqrt(float x) { return rsqrtf(x); }
+KK_FN float divide(float x, float y) { return __fdividef(x, y); }
+}  // namespace fast
+
+#define KK_HAS_BIT_INTRINSICS 1
+KK_FN int clz32(unsigned x) { return __clz(static_cast<int>(x)); }
+KK_FN int clz64(unsigned long long x) { return __clzll(static_cast<long long>(x)); }
+KK_FN int ctz32(unsigned x) { return x ? __ffs(static_cast<int>(x)) - 1 : 32; }
+KK_FN int ctz64(unsigned long long x) { return x ? __ffsll(static_cast<long long>(x)) - 1 : 64; }
+KK_FN int popcount32(unsigned x) { return __popc(x); }
+KK_FN int popcount64(unsigned long long x) { return __popcll(x); }
+KK_FN unsigned reverse_bits32(unsigned x) { return __brev(x); }
+KK_FN unsigned long long reverse_bits64(unsigned long long x) { return __brevll(x); }
+KK_FN unsigned mulhi32(unsigned x, unsigned y) { return __umulhi(x, y); }
+KK_FN int mulhi32(int x, int y) { return __mulhi(x, y); }
+KK_FN unsigned long long mulhi64(unsigned long long x, unsigned long long y) { return __umul64hi(x, y); }
+KK_FN long long mulhi64(long long x, long long y) { return __mul64hi(x, y); }
+
+}  // namespace kk

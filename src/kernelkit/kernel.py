@@ -1,0 +1,248 @@
+"""The kernel object: argument checks, the compiled variant for the call, the launch.
+
+`metal_kernel` and `cuda_kernel` build the same `Kernel`; only the dialect
+front end differs. A call turns its arrays into a variant key (dtypes, which
+inputs are scalars, template values: never shapes), finds or builds the
+variant (signature -> source -> compile cache -> loaded binary), allocates the
+outputs, packs the argument block and launches on the arrays' device.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import arrays, codegen
+from .arrays import DType, dtype_of
+from .backends import get_backend
+from .dialects import identifiers
+from .signature import ATTRIBUTES, NDIM_CAPACITY, InputSpec, Signature, check_identifier, template_args
+
+MATH_MODES = ("safe", "relaxed", "fast")
+MAX_THREADS_PER_GROUP = 1024  # Metal's and CUDA's limit; the CPU backend keeps it too
+_POISON = os.environ.get("KERNELKIT_POISON_OUTPUTS", "") not in ("", "0")
+
+
+@dataclass
+class Variant:
+    """One compiled specialisation of a kernel on one device."""
+
+    signature: Signature
+    source: str
+    program: object  # the backend's loaded binary
+
+
+class Kernel:
+    def __init__(self, dialect, name: str, input_names, output_names, source: str, header: str = "",
+                 ensure_row_contiguous: bool = True, atomic_outputs: bool = False,
+                 compile_options=None, shared_memory: int = 0):
+        self.caller = dialect.NAME
+        self.dialect = dialect
+        self.name = check_identifier(name, "kernel name", self.caller)
+        self.input_names = self._names(input_names, "input_names")
+        self.output_names = self._names(output_names, "output_names")
+        clash = set(self.input_names) & set(self.output_names)
+        if clash:
+            raise ValueError(f"[{self.caller}] {sorted(clash)} named both as input and output.")
+        if not isinstance(source, str) or not isinstance(header, str):
+            raise TypeError(f"[{self.caller}] source and header must be strings.")
+        self.source, self.header = source, header
+        self.ensure_row_contiguous = bool(ensure_row_contiguous)
+        self.atomic_outputs = bool(atomic_outputs)
+        self.math_mode = self._math_mode(compile_options)
+        if not isinstance(shared_memory, int) or shared_memory < 0:
+            raise ValueError(f"[{self.caller}] shared_memory must be a non-negative int (bytes), "
+                             f"got {shared_memory!r}.")
+        self.shared_memory = shared_memory
+        self._lowered_header, self._lowered_body = dialect.front_end(header, source)
+        self._uses = identifiers(source)
+        self.uses_sync = dialect.uses_sync(self._uses | identifiers(header))
+        self._variants: dict[tuple, Variant] = {}
+
+    # --- construction checks ----------------------------------------------------------------
+
+    def _names(self, names, what: str) -> tuple[str, ...]:
+        if isinstance(names, str) or not isinstance(names, (list, tuple)):
+            raise TypeError(f"[{self.caller}] {what} must be a list of strings, got {names!r}.")
+        for n in names:
+            check_identifier(n, what[:-1].replace("_", " "), self.caller)
+            if n in ATTRIBUTES:
+                raise ValueError(f"[{self.caller}] {n!r} is a Metal attribute name; "
+                                 "choose another name.")
+            for suffix in ("_shape", "_strides", "_ndim"):
+                if n.endswith(suffix):
+                    raise ValueError(f"[{self.caller}] {n!r} ends in {suffix}, which names "
+                                     "generated helpers; choose another name.")
+        if len(set(names)) != len(names):
+            raise ValueError(f"[{self.caller}] {what} has duplicates: {list(names)}.")
+        return tuple(names)
+
+    def _math_mode(self, options) -> str:
+        options = {} if options is None else options
+        if not isinstance(options, dict):
+            raise TypeError(f"[{self.caller}] compile_options must be a dict, got {options!r}.")
+        unknown = set(options) - {"math_mode"}
+        if unknown:
+            raise ValueError(f"[{self.caller}] unknown compile_options {sorted(unknown)}; "
+                             "expected only 'math_mode'.")
+        mode = options.get("math_mode", self.dialect.DEFAULT_MATH_MODE)
+        if mode not in MATH_MODES:
+            raise ValueError(f"[{self.caller}] math_mode {mode!r} is not one of {MATH_MODES}.")
+        return mode
+
+    # --- the call ---------------------------------------------------------------------------
+
+    def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
+                 init_value=None, verbose: bool = False, stream=None):
+        c = self.caller
+        inputs = self._sequence(inputs, "inputs", len(self.input_names))
+        output_shapes = self._sequence(output_shapes, "output_shapes", len(self.output_names))
+        output_dtypes = self._sequence(output_dtypes, "output_dtypes", len(self.output_names))
+
+        tensors, specs, device, numpy_in = self._inputs(inputs)
+        device = arrays.resolve_stream(stream, device)
+        backend = get_backend(device)
+        out_dtypes = tuple(self._dtype(d, i) for i, d in enumerate(output_dtypes))
+        shapes = [self._shape(s, i) for i, s in enumerate(output_shapes)]
+        grid = self._dims(grid, "grid")
+        group = tuple(min(t, g) for t, g in zip(self._dims(threadgroup, "threadgroup"), grid))
+        backend.check_dispatch(device, grid, group, self.shared_memory, c)
+        targs = template_args(template, self._param_names(), c)
+
+        key = (device, tuple(specs), out_dtypes, tuple(targs))
+        variant = self._variants.get(key)
+        if variant is None:
+            variant = self._build(key, backend, device, specs, out_dtypes, targs)
+        if verbose:
+            self._print(variant, specs, out_dtypes)
+
+        outputs = [torch.empty(s, dtype=d.torch, device=device) for s, d in zip(shapes, out_dtypes)]
+        if init_value is not None:
+            for o in outputs:
+                o.fill_(init_value)
+        elif _POISON:
+            for o in outputs:
+                _poison(o)
+        values = self._pack(variant.signature, tensors, outputs, grid)
+        backend.launch(variant.program, device, grid, group, self.shared_memory, stream,
+                       variant.signature.block.pack(*values), self.name)
+        if numpy_in:
+            return [arrays.to_numpy(o) for o in outputs]
+        return outputs
+
+    def _sequence(self, value, what: str, expected: int):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"[{self.caller}] Expected `{what}` to be a list, got {type(value).__name__}.")
+        if len(value) != expected:
+            raise ValueError(f"[{self.caller}] Expected `{what}` to have size {expected} "
+                             f"but got size {len(value)}.")
+        return value
+
+    def _inputs(self, inputs):
+        tensors, specs, device, numpy_in = [], [], None, False
+        for i, (name, x) in enumerate(zip(self.input_names, inputs)):
+            if arrays.is_scalar(x):
+                dt = arrays.SCALAR_DTYPES[type(x)]
+                tensors.append(x)
+                specs.append(InputSpec(dt, True, True, 0))
+                continue
+            t, from_numpy = arrays.as_tensor(x)
+            if t is None:
+                raise TypeError(f"[{self.caller}] input {name!r} must be a torch.Tensor, a NumPy array "
+                                f"or a Python bool/int/float, got {type(x).__name__}.")
+            numpy_in |= from_numpy
+            if device is None:
+                device = t.device
+            elif t.device != device:
+                raise ValueError(f"[{self.caller}] inputs are on different devices: "
+                                 f"{self.input_names[0]!r}... on {device}, {name!r} on {t.device}.")
+            dt = self._dtype(t.dtype, i, what="input")
+            if self.ensure_row_contiguous and not t.is_contiguous():
+                t = t.contiguous()
+            cap = NDIM_CAPACITY if t.dim() <= NDIM_CAPACITY else -(-t.dim() // 8) * 8
+            tensors.append(t)
+            specs.append(InputSpec(dt, t.dim() == 0, False, cap))
+        return tensors, specs, device, numpy_in
+
+    def _dtype(self, spec, i: int, what: str = "output") -> DType:
+        try:
+            return dtype_of(spec)
+        except TypeError as e:
+            names = self.output_names if what == "output" else self.input_names
+            raise TypeError(f"[{self.caller}] {what} {names[i]!r}: {e}") from None
+
+    def _shape(self, shape, i: int) -> tuple[int, ...]:
+        try:
+            shape = tuple(int(s) if not isinstance(s, bool) and int(s) == s else None for s in shape)
+        except (TypeError, ValueError):
+            shape = (None,)
+        if None in shape or any(s < 0 for s in shape):
+            raise ValueError(f"[{self.caller}] output_shapes[{i}] for {self.output_names[i]!r} must be "
+                             "a sequence of non-negative ints.")
+        return shape
+
+    def _dims(self, value, what: str) -> tuple[int, int, int]:
+        ok = isinstance(value, (tuple, list)) and len(value) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**32 for v in value)
+        if not ok:
+            raise ValueError(f"[{self.caller}] `{what}` must be three positive ints (below 2**32), "
+                             f"got {value!r}.")
+        return tuple(value)
+
+    def _param_names(self) -> set[str]:
+        names = set(self.input_names) | set(self.output_names)
+        for n in self.input_names:
+            names |= {f"{n}_shape", f"{n}_strides", f"{n}_ndim"}
+        return names
+
+    # --- variants ---------------------------------------------------------------------------
+
+    def _build(self, key, backend, device, specs, out_dtypes, targs) -> Variant:
+        sig = Signature(list(zip(self.input_names, specs)), list(zip(self.output_names, out_dtypes)),
+                        self.atomic_outputs, targs, self._uses)
+        source = codegen.generate(self.dialect, backend.target, self.name, sig,
+                                  self._lowered_header, self._lowered_body, self.math_mode,
+                                  self.uses_sync)
+        context = f"[{self.caller}] kernel {self.name!r}"
+        program = backend.build(source, device, self.math_mode, self.uses_sync, context,
+                                self.source, self.header)
+        variant = Variant(sig, source, program)
+        self._variants[key] = variant
+        return variant
+
+    def _pack(self, sig: Signature, tensors, outputs, grid) -> list:
+        values = []
+        for p in sig.params:
+            if p.role == "input":
+                x = tensors[p.index]
+                values.append(x if p.by_value else x.data_ptr())
+            elif p.role == "output":
+                values.append(outputs[p.index].data_ptr())
+            elif p.role == "shape":
+                shape = tensors[p.index].shape
+                values += [*shape, *[0] * (p.capacity - len(shape))]
+            elif p.role == "strides":
+                strides = tensors[p.index].stride()
+                values += [*strides, *[0] * (p.capacity - len(strides))]
+            elif p.role == "ndim":
+                values.append(tensors[p.index].dim())
+        values += grid
+        return values
+
+    def _print(self, variant: Variant, specs, out_dtypes) -> None:
+        print(f"// kernelkit {self.caller} {self.name!r}: the kernel in its own dialect")
+        print(self.dialect.source_view(self.name, variant.signature, self.header, self.source))
+        print("// the C++ that is compiled")
+        print(variant.source)
+
+
+def _poison(t: torch.Tensor) -> None:
+    """Fill an output with a value no kernel writes by accident, so unwritten elements show."""
+    if t.dtype.is_floating_point:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)

@@ -1,0 +1,200 @@
+"""The kernel's parameters, described once for every dialect and target.
+
+A `Signature` is built from the names, the call's arrays and template values,
+and the identifiers the body mentions (as MLX does: `inp_shape` only if the
+body says `inp_shape`, each attribute only if the body names it). The dialects
+render it (MSL text, C++ parameters, the entry's call); the backends pack the
+argument block from the same description, so the layout is written once.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from .arrays import DType, dtype_of
+
+# MLX's 20 Metal attributes, with their types.
+ATTRIBUTES = {
+    **{n: "uint3" for n in (
+        "thread_position_in_grid", "thread_position_in_threadgroup",
+        "threadgroup_position_in_grid", "threadgroups_per_grid", "threads_per_grid",
+        "threads_per_threadgroup", "dispatch_threads_per_threadgroup", "grid_origin",
+        "grid_size")},
+    **{n: "uint" for n in (
+        "thread_index_in_threadgroup", "thread_index_in_simdgroup", "thread_index_in_quadgroup",
+        "simdgroup_index_in_threadgroup", "quadgroup_index_in_threadgroup",
+        "simdgroups_per_threadgroup", "quadgroups_per_threadgroup",
+        "dispatch_simdgroups_per_threadgroup", "dispatch_quadgroups_per_threadgroup",
+        "threads_per_simdgroup", "thread_execution_width")},
+}
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_CPP_RESERVED = {"int", "float", "double", "char", "bool", "void", "auto", "const", "static",
+                 "struct", "class", "template", "typename", "return", "if", "else", "for", "while",
+                 "do", "switch", "case", "default", "break", "continue", "sizeof", "new",
+                 "delete", "this", "true", "false", "namespace", "using", "unsigned", "signed",
+                 "short", "long", "volatile", "inline", "operator", "union", "enum", "goto",
+                 "and", "or", "not", "xor", "bitand", "bitor", "compl", "private", "public",
+                 "protected", "virtual", "friend", "typedef", "extern", "register", "throw",
+                 "try", "catch", "nullptr", "constexpr", "decltype", "noexcept", "mutable",
+                 "device", "constant", "thread", "threadgroup", "kernel", "half", "uint"}
+# Strides and shapes travel in fixed-size arrays; more dims compile a wider variant.
+NDIM_CAPACITY = 8
+
+
+def check_identifier(name, what: str, caller: str) -> str:
+    if not isinstance(name, str) or not _IDENT.match(name) or name in _CPP_RESERVED:
+        raise ValueError(f"[{caller}] {what} {name!r} is not a usable C++ identifier.")
+    if name.startswith("kk_") or name.startswith("__"):
+        raise ValueError(f"[{caller}] {what} {name!r}: names starting with 'kk_' or '__' "
+                         "are reserved for generated code.")
+    return name
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the generated code needs to know of one input (not its shape: binaries are shape-free)."""
+
+    dtype: DType
+    scalar: bool  # a 0-d array or a Python scalar: `const T& name`
+    by_value: bool  # a Python scalar: its value travels in the argument block
+    ndim_capacity: int  # capacity of name_shape/name_strides when the body uses them
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    role: str  # input | output | shape | strides | ndim | attribute
+    ctype: str
+    index: int = 0  # position among inputs/outputs; for shape/strides/ndim: the input's
+    scalar: bool = False
+    by_value: bool = False
+    atomic: bool = False
+    capacity: int = 0
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of the argument block, laid out as a C compiler lays out a struct."""
+
+    name: str
+    ctype: str
+    code: str  # struct format code of one element
+    count: int
+    size: int  # of one element
+    offset: int
+
+
+_POINTER = ("Q", 8)
+
+
+class Signature:
+    def __init__(self, inputs: list[tuple[str, InputSpec]], outputs: list[tuple[str, DType]],
+                 atomic_outputs: bool, template: list[tuple[str, object]], uses: set[str]):
+        self.template = template
+        params: list[Param] = []
+        for i, (name, spec) in enumerate(inputs):
+            params.append(Param(name, "input", spec.dtype.ctype, i, spec.scalar, spec.by_value))
+            if spec.scalar:
+                continue
+            cap = spec.ndim_capacity
+            if f"{name}_shape" in uses:
+                params.append(Param(f"{name}_shape", "shape", "int", i, capacity=cap))
+            if f"{name}_strides" in uses:
+                params.append(Param(f"{name}_strides", "strides", "int64_t", i, capacity=cap))
+            if f"{name}_ndim" in uses:
+                params.append(Param(f"{name}_ndim", "ndim", "int", i))
+        for i, (name, dtype) in enumerate(outputs):
+            params.append(Param(name, "output", dtype.ctype, i, atomic=atomic_outputs))
+        for name, ctype in ATTRIBUTES.items():
+            if name in uses:
+                params.append(Param(name, "attribute", ctype))
+        self.params = params
+        self.fields = self._layout(inputs)
+        self.block = struct.Struct("<" + "".join(
+            _pad(prev, f) + (f"{f.count}{f.code}" if f.count > 1 else f.code)
+            for prev, f in zip([None] + self.fields[:-1], self.fields)) + _tail(self.fields))
+
+    def _layout(self, inputs) -> list[Field]:
+        fields, offset = [], 0
+
+        def add(name, ctype, code, size, count=1):
+            nonlocal offset
+            offset = -(-offset // size) * size  # natural alignment of the element
+            fields.append(Field(name, ctype, code, count, size, offset))
+            offset += size * count
+
+        for p in self.params:
+            if p.role == "attribute":
+                continue
+            if p.role == "input" and p.by_value:
+                dt = inputs[p.index][1].dtype
+                add(p.name, p.ctype, dt.struct_code, dt.itemsize)
+            elif p.role in ("input", "output"):
+                add(p.name, p.ctype + "*", *_POINTER)
+            elif p.role == "shape":
+                add(p.name, "int", "i", 4, p.capacity)
+            elif p.role == "strides":
+                add(p.name, "int64_t", "q", 8, p.capacity)
+            elif p.role == "ndim":
+                add(p.name, "int", "i", 4)
+        add("kk_grid", "unsigned", "I", 4, 3)
+        return fields
+
+    @property
+    def names(self) -> set[str]:
+        return {p.name for p in self.params}
+
+
+def _pad(prev: Field | None, f: Field) -> str:
+    end = 0 if prev is None else prev.offset + prev.size * prev.count
+    return "x" * (f.offset - end)
+
+
+def _tail(fields: list[Field]) -> str:
+    end = fields[-1].offset + fields[-1].size * fields[-1].count
+    align = max(f.size for f in fields)
+    return "x" * (-(-end // align) * align - end)
+
+
+def template_args(template, param_names: set[str], caller: str) -> list[tuple[str, object]]:
+    """Checked (name, value) pairs: value is a DType, a bool or an int."""
+    if template is None:
+        return []
+    if isinstance(template, dict):
+        template = list(template.items())
+    out, seen = [], set()
+    for item in template:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise TypeError(f"[{caller}] template entries must be (name, value) pairs, got {item!r}.")
+        name, value = item
+        check_identifier(name, "template name", caller)
+        if name in param_names or name in ATTRIBUTES:
+            raise ValueError(f"[{caller}] template name {name!r} collides with a parameter of "
+                             "the kernel; rename one of them.")
+        if name in seen:
+            raise ValueError(f"[{caller}] template name {name!r} is given twice.")
+        seen.add(name)
+        if isinstance(value, bool):
+            out.append((name, value))
+        elif isinstance(value, int):
+            if not -2**31 <= value < 2**31:
+                raise ValueError(f"[{caller}] template value {name}={value} does not fit an int.")
+            out.append((name, value))
+        else:
+            try:
+                out.append((name, dtype_of(value)))
+            except TypeError:
+                raise TypeError(f"[{caller}] template value for {name!r} must be a dtype, an int "
+                                f"or a bool, got {value!r}.") from None
+    return out
+
+
+def render_template_value(value) -> str:
+    if isinstance(value, DType):
+        return value.ctype
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,121 @@
+"""Bad input gets a clear error naming what was wrong and what was expected (issue 2)."""
+
+import pytest
+import torch
+
+import kernelkit as kk
+
+BODY = "uint i = thread_position_in_grid.x; out[i] = a[i] + b[i];"
+
+
+@pytest.fixture
+def k():
+    return kk.metal_kernel(name="add", input_names=["a", "b"], output_names=["out"], source=BODY)
+
+
+def call(k, **kw):
+    args = dict(inputs=[torch.zeros(4), torch.zeros(4)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+                output_shapes=[(4,)], output_dtypes=[torch.float32])
+    args.update(kw)
+    return k(**args)
+
+
+def test_list_lengths_disagreeing_with_names(k):
+    with pytest.raises(ValueError, match=r"\[metal_kernel\] Expected `inputs` to have size 2 but got size 1"):
+        call(k, inputs=[torch.zeros(4)])
+    with pytest.raises(ValueError, match="`output_shapes` to have size 1 but got size 2"):
+        call(k, output_shapes=[(4,), (4,)])
+    with pytest.raises(ValueError, match="`output_dtypes` to have size 1 but got size 0"):
+        call(k, output_dtypes=[])
+
+
+def test_unknown_dtype(k):
+    with pytest.raises(TypeError, match=r"output 'out': unsupported dtype 'float8'.*expected one of"):
+        call(k, output_dtypes=["float8"])
+    with pytest.raises(TypeError, match="input 'a': unsupported dtype torch.complex64"):
+        call(k, inputs=[torch.zeros(4, dtype=torch.complex64), torch.zeros(4)])
+
+
+def test_input_that_is_not_an_array(k):
+    with pytest.raises(TypeError, match=r"input 'b' must be a torch.Tensor, a NumPy array or a "
+                                        r"Python bool/int/float, got list"):
+        call(k, inputs=[torch.zeros(4), [1.0, 2.0]])
+
+
+@pytest.mark.gpu
+def test_arrays_on_different_devices(k):
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    with pytest.raises(ValueError, match="inputs are on different devices"):
+        call(k, inputs=[torch.zeros(4), torch.zeros(4, device="cuda")])
+
+
+@pytest.mark.parametrize("bad", [(4, 1), (4, 1, 0), (4, -1, 1), (4.0, 1, 1), "4", (True, 1, 1), (2**32, 1, 1)])
+def test_grid_and_threadgroup_must_be_three_positive_ints(k, bad):
+    with pytest.raises(ValueError, match=r"`grid` must be three positive ints"):
+        call(k, grid=bad)
+    with pytest.raises(ValueError, match=r"`threadgroup` must be three positive ints"):
+        call(k, threadgroup=bad)
+
+
+def test_threadgroup_over_the_limit(k, device):
+    with pytest.raises(ValueError, match=r"threadgroup \(64, 32, 1\).*1024"):
+        call(k, inputs=[torch.zeros(4, device=device)] * 2, grid=(64, 32, 1), threadgroup=(64, 32, 1))
+
+
+def test_template_name_colliding_with_a_parameter(k):
+    with pytest.raises(ValueError, match="template name 'a' collides with a parameter"):
+        call(k, template=[("a", torch.float32)])
+    with pytest.raises(ValueError, match="template name 'a_shape' collides"):
+        call(k, template=[("a_shape", 3)])
+    with pytest.raises(TypeError, match="template value for 'T' must be a dtype, an int or a bool"):
+        call(k, template=[("T", 1.5)])
+
+
+def test_bad_names():
+    with pytest.raises(ValueError, match="is not a usable C\\+\\+ identifier"):
+        kk.metal_kernel(name="k", input_names=["a b"], output_names=["out"], source="")
+    with pytest.raises(ValueError, match="named both as input and output"):
+        kk.metal_kernel(name="k", input_names=["x"], output_names=["x"], source="")
+    with pytest.raises(ValueError, match="Metal attribute name"):
+        kk.metal_kernel(name="k", input_names=["grid_size"], output_names=["o"], source="")
+    with pytest.raises(TypeError, match="input_names must be a list of strings"):
+        kk.metal_kernel(name="k", input_names="x", output_names=["o"], source="")
+
+
+def test_compile_options_checked():
+    with pytest.raises(ValueError, match=r"unknown compile_options \['opt_level'\]"):
+        kk.metal_kernel(name="k", input_names=[], output_names=["o"], source="",
+                        compile_options={"opt_level": 3})
+    with pytest.raises(ValueError, match="math_mode 'fastest' is not one of"):
+        kk.metal_kernel(name="k", input_names=[], output_names=["o"], source="",
+                        compile_options={"math_mode": "fastest"})
+
+
+def test_compile_error_quotes_the_users_line(device):
+    body = """uint i = thread_position_in_grid.x;
+float v = a[i];
+out[i] = v + undefined_name;
+"""
+    k = kk.metal_kernel(name="broken", input_names=["a"], output_names=["out"], source=body)
+    with pytest.raises(kk.CompileError) as info:
+        k(inputs=[torch.zeros(4, device=device)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+          output_shapes=[(4,)], output_dtypes=[torch.float32])
+    msg = str(info.value)
+    assert "[metal_kernel] kernel 'broken' failed to compile" in msg
+    assert "undefined_name" in msg
+    assert "body line 3: out[i] = v + undefined_name;" in msg
+    assert "custom_kernel_broken" in info.value.source  # the full generated source, on request
+
+
+def test_compile_error_in_header_quotes_the_header_line(device):
+    header = """
+template <typename T>
+T twice(T x) { return x * 2 + missing_symbol; }
+"""
+    body = "uint i = thread_position_in_grid.x; out[i] = twice(a[i]);"
+    k = kk.metal_kernel(name="broken_header", input_names=["a"], output_names=["out"], source=body,
+                        header=header)
+    with pytest.raises(kk.CompileError, match=r"header line 3: T twice\(T x\)"):
+        k(inputs=[torch.zeros(4, device=device)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+          output_shapes=[(4,)], output_dtypes=[torch.float32])
