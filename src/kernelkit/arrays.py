@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one instance per dtype: identity is equality, hashing is cheap
 class DType:
     """An element type as kernelkit knows it."""
 
@@ -44,6 +44,7 @@ _DTYPES = [
 ]
 _BY_NAME = {d.name: d for d in _DTYPES}
 _BY_TORCH = {d.torch: d for d in _DTYPES}
+DTYPE_OF_TORCH = _BY_TORCH
 _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bfloat": "bfloat16",
             "int": "int32", "uint": "uint32", "long": "int64", "bool_": "bool"}
 
@@ -54,6 +55,9 @@ def dtype_of(spec) -> DType:
     """A DType from a torch dtype, a NumPy dtype (or type), a DType, or a name."""
     if isinstance(spec, DType):
         return spec
+    found = _BY_TORCH.get(spec) if isinstance(spec, torch.dtype) else None
+    if found is not None:
+        return found
     if isinstance(spec, torch.dtype):
         found = _BY_TORCH.get(spec)
     elif isinstance(spec, str):

@@ -67,9 +67,12 @@ def _argument_block(sig: Signature) -> str:
         else:
             lines.append(f"  {f.ctype} {f.name}" + (f"[{f.count}];" if f.count > 1 else ";"))
     lines.append("};")
-    # The Python side packs this block from signature.py's layout: check that the compiler agrees.
+    # The Python side packs this block from signature.py's layout: check that the compiler agrees
+    # (field offsets where the compiler has __builtin_offsetof: not every NVRTC does).
+    lines.append("#if defined(KK_TARGET_CPU)")
     lines += [f"static_assert(__builtin_offsetof(kk_args, {f.name}) == {f.offset}, "
               f"\"kernelkit: argument block layout ({f.name})\");" for f in sig.fields]
+    lines.append("#endif")
     lines.append(f"static_assert(sizeof(kk_args) == {sig.block.size}, \"kernelkit: argument block size\");")
     return "\n".join(lines)
 

@@ -60,6 +60,7 @@ class Kernel:
         self._uses = identifiers(source)
         self.uses_sync = dialect.uses_sync(self._uses | identifiers(header))
         self._variants: dict[tuple, Variant] = {}
+        self._checked: dict[tuple, object] = {}  # call arguments already validated
 
     # --- construction checks ----------------------------------------------------------------
 
@@ -95,28 +96,33 @@ class Kernel:
     # --- the call ---------------------------------------------------------------------------
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
-                 init_value=None, verbose: bool = False, stream=None):
+                 init_value=None, verbose: bool = False, stream=None, ensure_row_contiguous=None):
         c = self.caller
         inputs = self._sequence(inputs, "inputs", len(self.input_names))
         output_shapes = self._sequence(output_shapes, "output_shapes", len(self.output_names))
         output_dtypes = self._sequence(output_dtypes, "output_dtypes", len(self.output_names))
+        contiguous = self.ensure_row_contiguous if ensure_row_contiguous is None else ensure_row_contiguous
 
-        tensors, specs, device, numpy_in = self._inputs(inputs)
+        tensors, specs, device, numpy_in = self._inputs(inputs, contiguous)
         device = arrays.resolve_stream(stream, device)
         backend = get_backend(device)
-        out_dtypes = tuple(self._dtype(d, i) for i, d in enumerate(output_dtypes))
+        out_dtypes = _memo(self._checked, ("dtypes", *output_dtypes), lambda: tuple(
+            self._dtype(d, i) for i, d in enumerate(output_dtypes)))
         shapes = [self._shape(s, i) for i, s in enumerate(output_shapes)]
-        grid = self._dims(grid, "grid")
-        group = tuple(min(t, g) for t, g in zip(self._dims(threadgroup, "threadgroup"), grid))
-        backend.check_dispatch(device, grid, group, self.shared_memory, c)
-        targs = template_args(template, self._param_names(), c)
+        grid, group = _memo(self._checked, ("dispatch", device, grid, threadgroup),
+                            lambda: self._dispatch(backend, device, grid, threadgroup))
+        targs = () if template is None else _memo(
+            self._checked, ("template", *map(tuple, template)) if isinstance(template, (list, tuple)) else None,
+            lambda: tuple(template_args(template, self._param_names(), c)))
+        if numpy_in and any(d.name == "bfloat16" for d in out_dtypes):
+            raise TypeError(f"[{c}] NumPy has no bfloat16: pass torch tensors for bfloat16 outputs.")
 
-        key = (device, tuple(specs), out_dtypes, tuple(targs))
+        key = (device, tuple(specs), out_dtypes, targs)
         variant = self._variants.get(key)
         if variant is None:
             variant = self._build(key, backend, device, specs, out_dtypes, targs)
         if verbose:
-            self._print(variant, specs, out_dtypes)
+            self._print(variant)
 
         outputs = [torch.empty(s, dtype=d.torch, device=device) for s, d in zip(shapes, out_dtypes)]
         if init_value is not None:
@@ -125,12 +131,17 @@ class Kernel:
         elif _POISON:
             for o in outputs:
                 _poison(o)
-        values = self._pack(variant.signature, tensors, outputs, grid)
-        backend.launch(variant.program, device, grid, group, self.shared_memory, stream,
-                       variant.signature.block.pack(*values), self.name)
+        block = variant.signature.block.pack(*self._pack(variant.signature, tensors, outputs, grid))
+        backend.launch(variant.program, device, grid, group, self.shared_memory, stream, block, self.name)
         if numpy_in:
             return [arrays.to_numpy(o) for o in outputs]
         return outputs
+
+    def _dispatch(self, backend, device, grid, threadgroup):
+        grid = self._dims(grid, "grid")
+        group = tuple(min(t, g) for t, g in zip(self._dims(threadgroup, "threadgroup"), grid))
+        backend.check_dispatch(device, grid, group, self.shared_memory, self.caller)
+        return grid, group
 
     def _sequence(self, value, what: str, expected: int):
         if not isinstance(value, (list, tuple)):
@@ -140,13 +151,12 @@ class Kernel:
                              f"but got size {len(value)}.")
         return value
 
-    def _inputs(self, inputs):
+    def _inputs(self, inputs, contiguous: bool):
         tensors, specs, device, numpy_in = [], [], None, False
         for i, (name, x) in enumerate(zip(self.input_names, inputs)):
             if arrays.is_scalar(x):
-                dt = arrays.SCALAR_DTYPES[type(x)]
                 tensors.append(x)
-                specs.append(InputSpec(dt, True, True, 0))
+                specs.append(InputSpec(arrays.SCALAR_DTYPES[type(x)], True, True, 0))
                 continue
             t, from_numpy = arrays.as_tensor(x)
             if t is None:
@@ -158,12 +168,13 @@ class Kernel:
             elif t.device != device:
                 raise ValueError(f"[{self.caller}] inputs are on different devices: "
                                  f"{self.input_names[0]!r}... on {device}, {name!r} on {t.device}.")
-            dt = self._dtype(t.dtype, i, what="input")
-            if self.ensure_row_contiguous and not t.is_contiguous():
+            dt = arrays.DTYPE_OF_TORCH.get(t.dtype) or self._dtype(t.dtype, i, what="input")
+            if contiguous and not t.is_contiguous():
                 t = t.contiguous()
-            cap = NDIM_CAPACITY if t.dim() <= NDIM_CAPACITY else -(-t.dim() // 8) * 8
+            ndim = t.dim()
+            cap = NDIM_CAPACITY if ndim <= NDIM_CAPACITY else -(-ndim // 8) * 8
             tensors.append(t)
-            specs.append(InputSpec(dt, t.dim() == 0, False, cap))
+            specs.append(InputSpec(dt, ndim == 0, False, cap))
         return tensors, specs, device, numpy_in
 
     def _dtype(self, spec, i: int, what: str = "output") -> DType:
@@ -174,6 +185,8 @@ class Kernel:
             raise TypeError(f"[{self.caller}] {what} {names[i]!r}: {e}") from None
 
     def _shape(self, shape, i: int) -> tuple[int, ...]:
+        if type(shape) in (tuple, torch.Size) and all(type(s) is int and s >= 0 for s in shape):
+            return shape
         try:
             shape = tuple(int(s) if not isinstance(s, bool) and int(s) == s else None for s in shape)
         except (TypeError, ValueError):
@@ -207,7 +220,7 @@ class Kernel:
                                   self.uses_sync)
         context = f"[{self.caller}] kernel {self.name!r}"
         program = backend.build(source, device, self.math_mode, self.uses_sync, context,
-                                self.source, self.header)
+                                self.source, self.header, sig.block.size)
         variant = Variant(sig, source, program)
         self._variants[key] = variant
         return variant
@@ -231,11 +244,22 @@ class Kernel:
         values += grid
         return values
 
-    def _print(self, variant: Variant, specs, out_dtypes) -> None:
+    def _print(self, variant: Variant) -> None:
         print(f"// kernelkit {self.caller} {self.name!r}: the kernel in its own dialect")
         print(self.dialect.source_view(self.name, variant.signature, self.header, self.source))
         print("// the C++ that is compiled")
         print(variant.source)
+
+
+def _memo(cache: dict, key, compute):
+    """compute(), remembered under key; arguments that cannot be keys (lists) are checked every time."""
+    try:
+        return cache[key]
+    except KeyError:
+        value = cache[key] = compute()
+        return value
+    except TypeError:
+        return compute()
 
 
 def _poison(t: torch.Tensor) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .arrays import DType, dtype_of
 
@@ -53,8 +54,7 @@ def check_identifier(name, what: str, caller: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class InputSpec:
+class InputSpec(NamedTuple):
     """What the generated code needs to know of one input (not its shape: binaries are shape-free)."""
 
     dtype: DType

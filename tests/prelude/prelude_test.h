@@ -2,19 +2,31 @@
 //
 // A test is a function `void test(kk_test_result& r, uint lane)` in namespace
 // metal, written like a kernel body (unqualified MSL names). The same file
-// builds two ways:
-//  - CPU (g++): with the single-lane target shim; main() runs the test once
-//    and prints the failed checks;
+// builds three ways:
+//  - CPU (g++), default: with the single-lane target shim; main() runs the
+//    test once and prints the failed checks;
+//  - CPU with -DKK_TARGET_CPU: against the real CPU target; exports
+//    kk_test_entry(result, lane) for a runner that provides the fiber runtime
+//    (the pytest only checks that it compiles);
 //  - CUDA (NVRTC, -DKK_TARGET_CUDA): kk_test_kernel(kk_test_result*), run by
 //    the test driver with one warp when a GPU is present (compile-only in CI).
 #pragma once
 
 #if !defined(KK_TARGET_CUDA)
 #include <stdio.h>
-
+#endif
+#if !defined(KK_TARGET_CUDA) && !defined(KK_TARGET_CPU)
 #include "single_lane_target.h"
 #endif
 #include "kernelkit/metal.h"
+
+// For large test functions: compiled once instead of inlined at every call
+// (keeps NVRTC's time on the tests down).
+#if defined(KK_TARGET_CUDA)
+#define KK_TEST_FN __device__ __noinline__
+#else
+#define KK_TEST_FN inline
+#endif
 
 struct kk_test_result {
   int checks;
@@ -49,6 +61,9 @@ KK_FN bool kk_near(double a, double b, double tol) {
     atomicAdd(&out->checks, r.checks);                                                 \
     atomicAdd(&out->failures, r.failures);                                             \
   }
+#elif defined(KK_TARGET_CPU)
+#define KK_TEST_MAIN(fn, LANES)                                                        \
+  extern "C" void kk_test_entry(kk_test_result* r, unsigned lane) { metal::fn(*r, lane); }
 #else
 #define KK_TEST_MAIN(fn, LANES)                                                        \
   static_assert((LANES) == 1, "the CPU shim runs one lane");                           \

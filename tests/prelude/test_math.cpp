@@ -21,7 +21,7 @@ static_assert(is_same_v<decltype(isnan(float2())), bool2> && is_same_v<decltype(
               "relational, geometric");
 static_assert(is_same_v<decltype(clz(uchar())), uchar> && is_same_v<decltype(popcount(ulong())), ulong>, "integer");
 
-KK_FN void test_float_math(kk_test_result& r) {
+KK_TEST_FN void test_float_math(kk_test_result& r) {
   const double e = 2.718281828459045, pi = 3.141592653589793;
   // Every mode's names exist and agree to their precision.
   CHECK_NEAR(exp(1.0f), e, 1e-6);
@@ -135,7 +135,7 @@ KK_FN void test_float_math(kk_test_result& r) {
   CHECK(dot(double2(1, 2), double2(3, 4)) == 11.0);
 }
 
-KK_FN void test_integer_math(kk_test_result& r) {
+KK_TEST_FN void test_integer_math(kk_test_result& r) {
   CHECK(abs(-5) == 5 && abs(7u) == 7u && abs(short(-3)) == 3 && abs(-5L) == 5 && abs(char(-1)) == 1);
   CHECK(absdiff(3, -5) == 8 && absdiff(2u, 9u) == 7u && absdiff(uchar(250), uchar(5)) == 245);
   CHECK(addsat(250, 10) == 260 && addsat(uchar(250), uchar(10)) == 255 && addsat(char(-100), char(-100)) == -128);

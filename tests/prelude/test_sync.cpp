@@ -14,7 +14,7 @@ static_assert(is_same_v<decltype(elem_to_loc(uint(), (const int*)0, (const int64
 static_assert(is_same_v<decltype(elem_to_loc(uint3(), (const int*)0, (const int64_t*)0, 0)), int64_t>,
               "the uint3 form defaults to int64_t");
 
-KK_FN void test_atomics(kk_test_result& r) {
+KK_TEST_FN void test_atomics(kk_test_result& r) {
   // Buffers of T used as atomic<T>*, as atomic_outputs=True passes outputs.
   // In threadgroup memory: the GPU has no atomics on a thread's own memory.
   KK_THREADGROUP int ibuf[2];
@@ -116,7 +116,7 @@ KK_FN void test_atomics(kk_test_result& r) {
   CHECK(!atomic_compare_exchange_weak_explicit(&fl[2], &bexp, false, memory_order_relaxed, memory_order_relaxed) && bexp);
 }
 
-KK_FN void test_threadgroup(kk_test_result& r) {
+KK_TEST_FN void test_threadgroup(kk_test_result& r) {
   // `threadgroup` declarations, as the front end rewrites them.
   KK_THREADGROUP float buf[16];
   KK_THREADGROUP half hbuf[8];
@@ -138,7 +138,7 @@ KK_FN void test_threadgroup(kk_test_result& r) {
   CHECK(atomic_load_explicit(&hist[2], memory_order_relaxed) == 1u);
 }
 
-KK_FN void test_one_lane_simd(kk_test_result& r) {
+KK_TEST_FN void test_one_lane_simd(kk_test_result& r) {
   // One active lane: reductions see only it, scans start from the identity,
   // shuffles return its own value.
   const float x = 2.5f;
@@ -167,7 +167,7 @@ KK_FN void test_one_lane_simd(kk_test_result& r) {
   CHECK(all(simd_min(int2(-1, 1)) == int2(-1, 1)) && all(simd_prefix_exclusive_sum(uint2(5)) == uint2(0)));
 }
 
-KK_FN void test_utils(kk_test_result& r) {
+KK_TEST_FN void test_utils(kk_test_result& r) {
   // MLX's helpers: a (2, 3, 4) array seen through strides (12, 4, 1) and a
   // transposed view (1, 2, 6).
   const int shape[3] = {2, 3, 4};

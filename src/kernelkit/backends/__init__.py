@@ -10,11 +10,17 @@ from __future__ import annotations
 import torch
 
 
+_LOADED = {}
+
+
 def get_backend(device: torch.device):
-    if device.type == "cuda":
-        from .cuda import BACKEND
-        return BACKEND
-    if device.type == "cpu":
-        from .cpu import BACKEND
-        return BACKEND
-    raise ValueError(f"kernelkit runs on CUDA GPUs and on the CPU, not on {device}")
+    backend = _LOADED.get(device.type)
+    if backend is None:
+        if device.type == "cuda":
+            from .cuda import BACKEND as backend
+        elif device.type == "cpu":
+            from .cpu import BACKEND as backend
+        else:
+            raise ValueError(f"kernelkit runs on CUDA GPUs and on the CPU, not on {device}")
+        _LOADED[device.type] = backend
+    return backend

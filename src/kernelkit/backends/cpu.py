@@ -21,8 +21,10 @@ from ..errors import CompileError, KernelLaunchError
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 RUNTIME_SOURCE = INCLUDE / "kernelkit" / "cpu_runtime.cpp"
+_RUNTIME_HEADERS = ("cpu_runtime.h", "launch.h")  # part of the runtime's cache key
+_RUNTIME_ABI = 1  # KK_RT_ABI_VERSION in cpu_runtime.h
 MAX_THREADS_PER_GROUP = 1024
-_BASE_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+_BASE_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
                "-Wno-attributes"]
 _MATH_FLAGS = {
     "safe": ["-ffp-contract=off"],
@@ -92,9 +94,14 @@ class CpuBackend:
             with self._lock:
                 if self._runtime is None:
                     source = RUNTIME_SOURCE.read_text()
-                    key = key_of(source, "runtime", platform.machine(), compiler()[1])
-                    self._runtime = _load_library(key, source, lambda: compile_source(source, "safe"),
-                                                  mode=ctypes.RTLD_GLOBAL)
+                    headers = [(INCLUDE / "kernelkit" / h).read_text() for h in _RUNTIME_HEADERS]
+                    key = key_of(source, *headers, "runtime", platform.machine(), compiler()[1])
+                    lib = _load_library(key, source, lambda: compile_source(source, "safe"),
+                                        mode=ctypes.RTLD_GLOBAL)
+                    if lib.kk_rt_abi_version() != _RUNTIME_ABI:
+                        raise RuntimeError(f"kernelkit's CPU runtime reports ABI "
+                                           f"{lib.kk_rt_abi_version()}, expected {_RUNTIME_ABI}")
+                    self._runtime = lib
         return self._runtime
 
     def check_dispatch(self, device, grid, group, shared: int, caller: str) -> None:
@@ -104,7 +111,7 @@ class CpuBackend:
                              f"{MAX_THREADS_PER_GROUP} are allowed.")
 
     def build(self, source: str, device, math_mode: str, uses_sync: bool, context: str, body: str,
-              header: str):
+              header: str, block_size: int):
         self.runtime()
         key = key_of(source, math_mode, platform.machine(), compiler()[1])
 

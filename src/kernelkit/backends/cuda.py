@@ -9,18 +9,24 @@ compiler's log or the driver's error name.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
 from pathlib import Path
 
+import torch
+
 from ..errors import CompileError, KernelLaunchError
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
+# "fast" is --use_fast_math less its rewriting of the C math functions into intrinsics: the
+# prelude picks the fast functions itself (KK_MATH_FAST), so that MSL's metal::precise:: stays
+# accurate in every mode.
 _MATH_FLAGS = {
     "safe": ["-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"],
     "relaxed": ["-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true"],
-    "fast": ["--use_fast_math"],
+    "fast": ["-ftz=true", "-prec-div=false", "-prec-sqrt=false", "-fmad=true"],
 }
 
 
@@ -216,7 +222,7 @@ class CudaBackend:
                              f"{dev.max_shared_optin} bytes per block.")
 
     def build(self, source: str, device, math_mode: str, uses_sync: bool, context: str, body: str,
-              header: str):
+              header: str, block_size: int):
         from ..cache import CACHE, key_of
         dev = Device.get(device.index)
         key = key_of(source, math_mode, dev.arch, nvrtc_version())
@@ -231,28 +237,40 @@ class CudaBackend:
         if func is None:
             cubin, _ = CACHE.get(key, ".cubin", source, compile_)
             func = dev.modules.setdefault(key, dev.load(cubin))
-        return _Program(dev, func)
+        return _Program(dev, func, block_size)
 
     def launch(self, program, device, grid, group, shared: int, stream, block: bytes, name: str) -> None:
-        import ctypes
         dev, func = program.device, program.func
-        if shared > 48 * 1024 and shared > program.shared_limit:
+        if shared > program.shared_limit:
             dev.set_max_dynamic_shared(func, shared)
             program.shared_limit = shared
-        if stream is None or not hasattr(stream, "cuda_stream"):
-            import torch
-            stream = torch.cuda.current_stream(device)
-        buf = ctypes.c_char_p(block)
-        params = (ctypes.c_void_p * 1)(ctypes.cast(buf, ctypes.c_void_p))
-        blocks = tuple(-(-n // g) for n, g in zip(grid, group))
-        launch(dev, func, blocks, group, shared, stream.cuda_stream, ctypes.addressof(params))
+        handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else _current_stream(dev.index)
+        blocks = ((grid[0] + group[0] - 1) // group[0], (grid[1] + group[1] - 1) // group[1],
+                  (grid[2] + group[2] - 1) // group[2])
+        with program.lock:  # the driver copies the block during cuLaunchKernel; one launch at a time
+            ctypes.memmove(program.block, block, len(block))
+            launch(dev, func, blocks, group, shared, handle, program.params_address)
 
 
 class _Program:
-    __slots__ = ("device", "func", "shared_limit")
+    """A loaded kernel and the host buffer its argument block is passed from."""
 
-    def __init__(self, device: Device, func):
+    def __init__(self, device: Device, func, block_size: int):
         self.device, self.func, self.shared_limit = device, func, 48 * 1024
+        self.block = ctypes.create_string_buffer(block_size)
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.block))  # the one kernel parameter
+        self.params_address = ctypes.addressof(self.params)
+        self.lock = threading.Lock()
+
+
+# What Triton's launcher uses: the current stream's handle without building a Stream object.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(index: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 BACKEND = CudaBackend()

@@ -5,11 +5,11 @@ library is the prelude (`include/kernelkit/metal.h`), compiled inside
 `namespace metal` so MSL's names hide CUDA's and libc's. What is left for this
 front end is a token-level rewrite that keeps line numbers:
 
-- `device`, `constant`, `thread`, and `threadgroup` on pointers and references
-  vanish (one flat address space on both targets);
+- `device`, `thread`, and `threadgroup` on pointers and references vanish (one
+  flat address space on both targets); `constant` becomes `const`;
 - a `threadgroup` declaration becomes `KK_THREADGROUP` storage (CUDA shared
-  memory; per-group memory on the CPU); program-scope `constant` data becomes
-  `KK_PROGRAM_CONSTANT`;
+  memory; per-group memory on the CPU); program-scope `constant` data is put
+  in `KK_PROGRAM_CONSTANT` storage (CUDA constant memory);
 - swizzles: `v.xy` -> `v.template swizzle<0,1>()`, `c.rgb` likewise, and the
   single colour names `.r .g .b .a` -> `.x .y .z .w`, unless the user's source
   declares that name for something else.
@@ -28,7 +28,6 @@ ENTRY_PRELUDES = ["kernelkit/metal_attributes.h"]
 NAMESPACE = "metal"
 DEFAULT_MATH_MODE = "fast"  # Metal compiles with fast math unless told otherwise
 
-_ADDRESS_SPACES = {"device", "constant", "thread"}
 _SWIZZLE = re.compile(r"(?:[xyzw]{1,4}|[rgba]{1,4})\Z")
 _COMPONENT = {c: i for i, c in enumerate("xyzw")} | {c: i for i, c in enumerate("rgba")}
 # Names whose use means the kernel synchronises threads: the CPU runs it as fibers.
@@ -51,8 +50,10 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
     depth = 0  # braces and parentheses: `constant` at depth 0 of a header is program-scope data
     for n, i in enumerate(code):
         t = tokens[i]
-        if t.kind == "pp" and re.match(r"#\s*define\b", t.text):
-            t.text = lower(t.text, avoid, program_scope=False)
+        if t.kind == "pp":
+            m = re.match(r"#\s*define\s+\w+(?:\([^)]*\))?", t.text)
+            if m:  # a macro's replacement text is MSL too
+                t.text = m.group() + lower(t.text[m.end():], avoid, program_scope=False)
             continue
         if t.kind == "punct":
             depth += t.text in "{(" and len(t.text) == 1
@@ -66,14 +67,24 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
                     or t.text in "rgba" and t.text not in avoid:
                 t.text = _swizzle(t.text)
             continue
-        if t.text in _ADDRESS_SPACES:
-            if t.text == "constant" and program_scope and depth == 0 \
-                    and not _is_pointer_or_reference(tokens, code, n):
-                t.text = "KK_PROGRAM_CONSTANT"
-            else:
-                t.text = ""
+        if t.text == "constant":
+            t.text = _constant(tokens, code, n, program_scope and depth == 0)
+        elif t.text in ("device", "thread"):
+            t.text = ""
         elif t.text == "threadgroup":
             t.text = "" if _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
+
+
+def _constant(tokens: list[Token], code: list[int], n: int, program_scope: bool) -> str:
+    """`constant` data is read-only: C++ `const`, in constant storage at program scope."""
+    declaration = [tokens[i].text for i in code[n + 1:n + 64]]
+    declaration = declaration[:next((k for k, x in enumerate(declaration) if x in (";", "=", "{")),
+                                    len(declaration))]
+    neighbours = {tokens[code[n - 1]].text if n else "", *declaration[:1]}
+    already = "const" in neighbours or "constexpr" in declaration
+    if program_scope and not _is_pointer_or_reference(tokens, code, n):
+        return "KK_PROGRAM_CONSTANT" if already else "KK_PROGRAM_CONSTANT const"
+    return "" if already else "const"
 
 
 def _is_pointer_or_reference(tokens: list[Token], code: list[int], n: int) -> bool:

@@ -51,7 +51,7 @@ typedef struct kk_site {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define KK_SITE(op) {(op), nullptr, 0u}  // the GPU needs no sites
 #else
-#define KK_SITE(op) {(op), __builtin_FILE(), __builtin_LINE()}
+#define KK_SITE(op) {(op), __builtin_FILE(), static_cast<unsigned>(__builtin_LINE())}
 #endif
 namespace kk {
 typedef ::kk_dim3 dim3;

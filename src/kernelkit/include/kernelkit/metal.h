@@ -35,3 +35,8 @@
 #include "metal/atomic.h"    // atomic<T>, atomic_fetch_add_explicit...
 #include "metal/simd.h"      // barriers, simd_*, quad_*
 #include "utils.h"           // elem_to_loc, ceildiv
+
+// MLX's helper headers mark functions METAL_FUNC.
+#ifndef METAL_FUNC
+#define METAL_FUNC KK_FN
+#endif

@@ -28,7 +28,7 @@
 // A group runs on one OS thread at a time, all of its fibers on that thread:
 // a function-local static thread_local is per-group memory.
 #define KK_THREADGROUP static thread_local
-#define KK_PROGRAM_CONSTANT const
+#define KK_PROGRAM_CONSTANT  // storage of program-scope `constant` data (the front end adds const)
 
 namespace kk {
 

@@ -4,7 +4,7 @@
 // intrinsics, plus the optional extras metal.h uses when a target offers them:
 //   KK_HAS_FAST_MATH       kk::fast::exp(float)...  hardware approximations (metal::fast)
 //   KK_HAS_BIT_INTRINSICS  kk::clz32, popcount64...  single-instruction bit ops
-//   KK_HAS_ATOMIC_ADD_F16  kk::atomic_fetch_add on kk::half_t / kk::bfloat_t
+//   KK_HAS_ATOMIC_ADD_F16  kk::atomic_fetch_add on kk::half_t / kk::bfloat_t, native
 // Synchronising functions take a trailing kk::site (launch.h) like the CPU
 // target's, so metal.h can pass the user's call site; CUDA has no use for it.
 // No CUDA header is needed: NVRTC declares the intrinsics used here, and the
@@ -17,7 +17,7 @@
 
 #define KK_FN __device__ __forceinline__
 #define KK_THREADGROUP __shared__
-#define KK_PROGRAM_CONSTANT __constant__ const
+#define KK_PROGRAM_CONSTANT __constant__  // program-scope `constant` data (the front end adds const)
 
 namespace kk {
 
@@ -119,7 +119,7 @@ KK_FN T simd_reduce(T v, Op op, site = site()) {
   const unsigned base = simd_lane() & ~(W - 1);
   T acc = v;
   bool have = false;
-#pragma unroll
+#pragma unroll 1
   for (unsigned k = 0; k < W; ++k) {
     const unsigned src = base + k;
     T x = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
@@ -151,7 +151,7 @@ KK_FN T simd_scan(T v, Op op, T identity, bool inclusive, site = site()) {
   }
   const unsigned base = lane & ~(W - 1);
   T acc = identity;
-#pragma unroll
+#pragma unroll 1
   for (unsigned k = 0; k < W; ++k) {
     const unsigned src = base + k;
     T x = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
@@ -168,75 +168,104 @@ KK_FN void simdgroup_barrier(site = site()) { __syncwarp(__activemask()); }
 
 // ---------------------------------------------------------------------------
 // Atomics on plain memory, relaxed order, device scope (threadgroup memory
-// works through the same generic addresses).
+// works through the same generic addresses). T: any trivially copyable type
+// of 1, 2, 4 or 8 bytes. int, unsigned, (unsigned) long long, float, double
+// use CUDA's instructions; other types (half, bfloat, short, char, bool...) a
+// compare-and-swap loop computing with T's own operators, on T's bits (a byte
+// goes through the aligned 32-bit word that holds it: little-endian).
 
 namespace detail {
-template <class T> struct atomic_word;  // the integer CUDA's atomics work on
-template <> struct atomic_word<int> { using type = int; };
-template <> struct atomic_word<unsigned> { using type = unsigned; };
-template <> struct atomic_word<long long> { using type = unsigned long long; };
-template <> struct atomic_word<unsigned long long> { using type = unsigned long long; };
-template <> struct atomic_word<float> { using type = unsigned; };
-template <> struct atomic_word<double> { using type = unsigned long long; };
-template <> struct atomic_word<half_t> { using type = unsigned short; };
-template <> struct atomic_word<bfloat_t> { using type = unsigned short; };
+template <int Size> struct word_of;  // what atomicCAS takes for a T of this size
+template <> struct word_of<2> { using type = unsigned short; };
+template <> struct word_of<4> { using type = unsigned; };
+template <> struct word_of<8> { using type = unsigned long long; };
+template <class T> using word_t = typename word_of<sizeof(T)>::type;
 
-template <class T> KK_FN typename atomic_word<T>::type to_word(T v) {
-  return __builtin_bit_cast(typename atomic_word<T>::type, v);
-}
-template <class T> KK_FN T from_word(typename atomic_word<T>::type w) { return __builtin_bit_cast(T, w); }
-
-KK_FN float to_float(half_t h) { return half_to_float(h.bits); }
-KK_FN float to_float(bfloat_t h) { return bfloat_to_float(h.bits); }
-
-// Compare-and-swap loop for the operations CUDA has no instruction for.
-template <class T, class F>
-KK_FN T cas_loop(T* p, F f) {
-  using Word = typename atomic_word<T>::type;
-  Word* wp = reinterpret_cast<Word*>(p);
-  Word old = *reinterpret_cast<volatile Word*>(wp), assumed;
-  do {
-    assumed = old;
-    old = atomicCAS(wp, assumed, to_word(f(from_word<T>(assumed))));
-  } while (old != assumed);
-  return from_word<T>(old);
-}
-}  // namespace detail
-
-template <class T> KK_FN T atomic_load(T* p) {
-  using Word = typename detail::atomic_word<T>::type;
-  return detail::from_word<T>(*reinterpret_cast<volatile Word*>(p));
-}
-template <class T> KK_FN void atomic_store(T* p, T v) {
-  using Word = typename detail::atomic_word<T>::type;
-  *reinterpret_cast<volatile Word*>(p) = detail::to_word(v);
+template <class T> KK_FN bool same_bits(const T& a, const T& b) {
+  if constexpr (sizeof(T) == 1) return __builtin_bit_cast(unsigned char, a) == __builtin_bit_cast(unsigned char, b);
+  else return __builtin_bit_cast(word_t<T>, a) == __builtin_bit_cast(word_t<T>, b);
 }
 
-template <class T> KK_FN T atomic_exchange(T* p, T v) {
-  if constexpr (sizeof(T) == 2) {
-    return detail::cas_loop(p, [&](T) { return v; });
+// A byte and the 32-bit word around it.
+struct byte_in_word {
+  unsigned* word;
+  unsigned shift;
+  template <class T> KK_FN explicit byte_in_word(T* p)
+      : word(reinterpret_cast<unsigned*>(reinterpret_cast<unsigned long long>(p) & ~3ull)),
+        shift(static_cast<unsigned>(reinterpret_cast<unsigned long long>(p) & 3u) * 8u) {}
+  KK_FN unsigned char get(unsigned w) const { return static_cast<unsigned char>(w >> shift); }
+  KK_FN unsigned put(unsigned w, unsigned char b) const { return (w & ~(0xffu << shift)) | (unsigned(b) << shift); }
+};
+
+template <class T> KK_FN T load(T* p) {
+  if constexpr (sizeof(T) == 1) {
+    return __builtin_bit_cast(T, *reinterpret_cast<volatile unsigned char*>(p));
   } else {
-    using Word = typename detail::atomic_word<T>::type;
-    return detail::from_word<T>(atomicExch(reinterpret_cast<Word*>(p), detail::to_word(v)));
+    return __builtin_bit_cast(T, *reinterpret_cast<volatile word_t<T>*>(p));
   }
 }
 
-// Compares bit patterns, as C++ does; on failure *expected receives the current value.
+// Strong compare-and-swap of T's bits; on failure `expected` gets the current value.
+template <class T> KK_FN bool cas(T* p, T& expected, T desired) {
+  if constexpr (sizeof(T) == 1) {
+    const byte_in_word b(p);
+    const unsigned char want = __builtin_bit_cast(unsigned char, expected);
+    unsigned w = *reinterpret_cast<volatile unsigned*>(b.word);
+    for (;;) {
+      if (b.get(w) != want) {
+        expected = __builtin_bit_cast(T, b.get(w));
+        return false;
+      }
+      const unsigned prev = atomicCAS(b.word, w, b.put(w, __builtin_bit_cast(unsigned char, desired)));
+      if (prev == w) return true;
+      w = prev;  // the word changed, maybe only in the other bytes: look again
+    }
+  } else {
+    using W = word_t<T>;
+    const W want = __builtin_bit_cast(W, expected);
+    const W old = atomicCAS(reinterpret_cast<W*>(p), want, __builtin_bit_cast(W, desired));
+    if (old == want) return true;
+    expected = __builtin_bit_cast(T, old);
+    return false;
+  }
+}
+
+// *p = f(*p) atomically; returns the old value. No write when f keeps the value.
+template <class T, class F> KK_FN T cas_loop(T* p, F f) {
+  T old = load(p);
+  for (;;) {
+    const T next = f(old);
+    if (same_bits(next, old)) return old;
+    T expected = old;
+    if (cas(p, expected, next)) return old;
+    old = expected;
+  }
+}
+}  // namespace detail
+
+template <class T> KK_FN T atomic_load(T* p) { return detail::load(p); }
+template <class T> KK_FN void atomic_store(T* p, T v) {
+  if constexpr (sizeof(T) == 1) {
+    detail::cas_loop(p, [&](T) { return v; });  // never a plain byte store beside other atomics
+  } else {
+    *reinterpret_cast<volatile detail::word_t<T>*>(p) = __builtin_bit_cast(detail::word_t<T>, v);
+  }
+}
+template <class T> KK_FN T atomic_exchange(T* p, T v) {
+  if constexpr (sizeof(T) >= 4) {
+    using W = detail::word_t<T>;
+    return __builtin_bit_cast(T, atomicExch(reinterpret_cast<W*>(p), __builtin_bit_cast(W, v)));
+  } else {
+    return detail::cas_loop(p, [&](T) { return v; });
+  }
+}
 template <class T> KK_FN bool atomic_compare_exchange(T* p, T* expected, T desired) {
-  using Word = typename detail::atomic_word<T>::type;
-  const Word want = detail::to_word(*expected);
-  const Word old = atomicCAS(reinterpret_cast<Word*>(p), want, detail::to_word(desired));
-  if (old == want) return true;
-  *expected = detail::from_word<T>(old);
-  return false;
+  return detail::cas(p, *expected, desired);
 }
 
 namespace detail {
-// One overload per type and operation; the contract's templates below pick them.
-KK_FN half_t negate(half_t v) { return half_t{static_cast<unsigned short>(v.bits ^ 0x8000u)}; }
-KK_FN bfloat_t negate(bfloat_t v) { return bfloat_t{static_cast<unsigned short>(v.bits ^ 0x8000u)}; }
-template <class T> KK_FN T negate(T v) { return static_cast<T>(T(0) - v); }  // wraps for unsigned
-
+// The instructions CUDA has, by type; everything else falls to the templates
+// at the end, which run cas_loop with T's operators.
 using ull = unsigned long long;
 KK_FN int fetch_add(int* p, int v) { return atomicAdd(p, v); }
 KK_FN unsigned fetch_add(unsigned* p, unsigned v) { return atomicAdd(p, v); }
@@ -257,13 +286,17 @@ KK_FN bfloat_t fetch_add(bfloat_t* p, bfloat_t v) {
   asm volatile("atom.add.noftz.bf16 %0, [%1], %2;" : "=h"(old) : "l"(p), "h"(v.bits) : "memory");
   return bfloat_t{old};
 #else
-  return cas_loop(p, [&](bfloat_t x) { return bfloat_t{float_to_bfloat(to_float(x) + to_float(v))}; });
+  return cas_loop(p, [&](bfloat_t x) {
+    return bfloat_t{float_to_bfloat(bfloat_to_float(x.bits) + bfloat_to_float(v.bits))};
+  });
 #endif
 }
-
 KK_FN int fetch_sub(int* p, int v) { return atomicSub(p, v); }
 KK_FN unsigned fetch_sub(unsigned* p, unsigned v) { return atomicSub(p, v); }
-template <class T> KK_FN T fetch_sub(T* p, T v) { return fetch_add(p, negate(v)); }
+KK_FN ull fetch_sub(ull* p, ull v) { return atomicAdd(p, 0ull - v); }
+KK_FN long long fetch_sub(long long* p, long long v) { return fetch_add(p, static_cast<long long>(0ull - ull(v))); }
+KK_FN float fetch_sub(float* p, float v) { return atomicAdd(p, -v); }
+KK_FN double fetch_sub(double* p, double v) { return atomicAdd(p, -v); }
 
 #define KK_CUDA_INT_ATOMIC(name, intrinsic)                                                    \
   KK_FN int name(int* p, int v) { return intrinsic(p, v); }                                    \
@@ -286,33 +319,36 @@ KK_CUDA_BITS_AS_ULL(fetch_or)
 KK_CUDA_BITS_AS_ULL(fetch_xor)
 #undef KK_CUDA_BITS_AS_ULL
 
-// Floating-point min/max: CAS loop that only writes when the value changes.
-template <class T> KK_FN float as_float(T v) { return to_float(v); }
-KK_FN float as_float(float v) { return v; }
-KK_FN double as_float(double v) { return v; }
-template <bool Max, class T>
-KK_FN T fetch_minmax_float(T* p, T v) {
-  T old = atomic_load(p);
-  const auto fv = as_float(v);
-  while (Max ? fv > as_float(old) : fv < as_float(old)) {
-    T expected = old;
-    if (atomic_compare_exchange(p, &expected, v)) break;
-    old = expected;
-  }
-  return old;
-}
-template <class T> KK_FN T fetch_min(T* p, T v) { return fetch_minmax_float<false>(p, v); }
-template <class T> KK_FN T fetch_max(T* p, T v) { return fetch_minmax_float<true>(p, v); }
+// Everything else: a CAS loop (float/double min and max included).
+template <class T> KK_FN T fetch_add(T* p, T v) { return cas_loop(p, [&](T o) { return T(o + v); }); }
+template <class T> KK_FN T fetch_sub(T* p, T v) { return cas_loop(p, [&](T o) { return T(o - v); }); }
+template <class T> KK_FN T fetch_min(T* p, T v) { return cas_loop(p, [&](T o) { return v < o ? v : o; }); }
+template <class T> KK_FN T fetch_max(T* p, T v) { return cas_loop(p, [&](T o) { return o < v ? v : o; }); }
+template <class T> KK_FN T fetch_and(T* p, T v) { return cas_loop(p, [&](T o) { return T(o & v); }); }
+template <class T> KK_FN T fetch_or(T* p, T v) { return cas_loop(p, [&](T o) { return T(o | v); }); }
+template <class T> KK_FN T fetch_xor(T* p, T v) { return cas_loop(p, [&](T o) { return T(o ^ v); }); }
 }  // namespace detail
 
-template <class T> KK_FN T atomic_fetch_add(T* p, T v) { return detail::fetch_add(p, v); }
-template <class T> KK_FN T atomic_fetch_sub(T* p, T v) { return detail::fetch_sub(p, v); }
-template <class T> KK_FN T atomic_fetch_min(T* p, T v) { return detail::fetch_min(p, v); }
-template <class T> KK_FN T atomic_fetch_max(T* p, T v) { return detail::fetch_max(p, v); }
-template <class T> KK_FN T atomic_fetch_and(T* p, T v) { return detail::fetch_and(p, v); }
-template <class T> KK_FN T atomic_fetch_or(T* p, T v) { return detail::fetch_or(p, v); }
-template <class T> KK_FN T atomic_fetch_xor(T* p, T v) { return detail::fetch_xor(p, v); }
-#define KK_HAS_ATOMIC_ADD_F16 1
+namespace detail {
+// long is 64-bit here: CUDA's intrinsics take it as long long.
+template <class T> struct native { using type = T; };
+template <> struct native<long> { using type = long long; };
+template <> struct native<unsigned long> { using type = unsigned long long; };
+}  // namespace detail
+#define KK_CUDA_FETCH(op)                                                             \
+  template <class T> KK_FN T atomic_fetch_##op(T* p, T v) {                           \
+    using N = typename detail::native<T>::type;                                       \
+    return T(detail::fetch_##op(reinterpret_cast<N*>(p), N(v)));                      \
+  }
+KK_CUDA_FETCH(add)
+KK_CUDA_FETCH(sub)
+KK_CUDA_FETCH(min)
+KK_CUDA_FETCH(max)
+KK_CUDA_FETCH(and)
+KK_CUDA_FETCH(or)
+KK_CUDA_FETCH(xor)
+#undef KK_CUDA_FETCH
+#define KK_HAS_ATOMIC_ADD_F16 1  // atomic_fetch_add on half_t / bfloat_t is one instruction
 
 // ---------------------------------------------------------------------------
 // Optional extras (see the top of this file).

@@ -3,10 +3,10 @@
 // operated on by Metal's free functions (atomic_fetch_add_explicit...). Every
 // memory order is relaxed, which is what Metal offers for device atomics.
 //
-// T = int, uint, long, ulong, float, double use the target's atomics. Types
-// narrower than 32 bits (bool, char, short, half, bfloat) are emulated with a
-// compare-and-swap on the aligned 32-bit word that contains them (the GPU and
-// x86 are little-endian); half/bfloat add and sub use the target's native
+// T: int, uint, long, ulong, float, double, bool, and, beyond Metal, half,
+// bfloat, short, char. Each call is one target atomic on T (the targets take
+// any 1-, 2-, 4- or 8-byte type, and compute with T's operators where they
+// have no instruction); half/bfloat add and sub use the target's native
 // 16-bit add when it has one (KK_HAS_ATOMIC_ADD_F16).
 #pragma once
 
@@ -41,63 +41,22 @@ namespace kk_detail {
 template <class T> struct identity { using type = T; };
 template <class T> using identity_t = typename identity<T>::type;  // blocks deduction
 
-// The type the target's atomics are called with.
-template <class T> struct atomic_storage { using type = T; };
-template <> struct atomic_storage<long> { using type = long long; };
-template <> struct atomic_storage<unsigned long> { using type = unsigned long long; };
-template <class T> using atomic_storage_t = typename atomic_storage<T>::type;
-template <class T> constexpr bool atomic_emulated = sizeof(T) < 4;
-
-template <class T> KK_FN T* value_ptr(const volatile atomic<T>* obj) {
-  return const_cast<T*>(&obj->kk_value);
-}
-template <class T> KK_FN atomic_storage_t<T>* storage_ptr(const volatile atomic<T>* obj) {
-  return reinterpret_cast<atomic_storage_t<T>*>(value_ptr(obj));
-}
-
-// Same-size unsigned integer, to compare and splice bit patterns.
-template <int Size> struct uint_of_size;
-template <> struct uint_of_size<1> { using type = uchar; };
-template <> struct uint_of_size<2> { using type = ushort; };
-template <class T> KK_FN uint bits_of(T v) {
-  return __builtin_bit_cast(typename uint_of_size<sizeof(T)>::type, v);
-}
-template <class T> KK_FN T from_bits_of(uint b) {
-  return __builtin_bit_cast(T, static_cast<typename uint_of_size<sizeof(T)>::type>(b));
-}
-
-// Read-modify-write of a 1- or 2-byte value: CAS on its 32-bit word until
-// `next = f(current)` lands. Returns the value before. Skips the write when
-// f leaves the value unchanged (fetch_min that does not lower it, for example).
-template <class T, class F>
-KK_FN T emulated_rmw(T* p, F f) {
-  const size_t addr = reinterpret_cast<size_t>(p);
-  uint* word = reinterpret_cast<uint*>(addr & ~size_t(3));
-  const uint shift = uint(addr & 3) * 8;
-  const uint mask = ((1u << (sizeof(T) * 8)) - 1u) << shift;
-  uint old = kk::atomic_load(word);
-  for (;;) {
-    const T cur = from_bits_of<T>((old & mask) >> shift);
-    const uint desired = (old & ~mask) | (bits_of(T(f(cur))) << shift);
-    if (desired == old) return cur;
-    uint expected = old;
-    if (kk::atomic_compare_exchange(word, &expected, desired)) return cur;
-    old = expected;
-  }
-}
-template <class T> KK_FN T emulated_load(T* p) {
-  const size_t addr = reinterpret_cast<size_t>(p);
-  const uint w = kk::atomic_load(reinterpret_cast<uint*>(addr & ~size_t(3)));
-  return from_bits_of<T>((w >> (uint(addr & 3) * 8)) & ((1u << (sizeof(T) * 8)) - 1u));
-}
+// The T inside, as the target's atomics take it (without const/volatile).
+template <class T> KK_FN T* value_ptr(const volatile atomic<T>* obj) { return const_cast<T*>(&obj->kk_value); }
 
 #ifdef KK_HAS_ATOMIC_ADD_F16
 template <class T> struct native_f16 { using type = void; };
 template <> struct native_f16<half> { using type = kk::half_t; };
 template <> struct native_f16<bfloat> { using type = kk::bfloat_t; };
 template <class T> constexpr bool has_native_f16_add = !is_same_v<typename native_f16<T>::type, void>;
+// The target's one-instruction add on 16-bit floats.
+template <class T> KK_FN T native_f16_add(const volatile atomic<T>* obj, T v) {
+  using S = typename native_f16<T>::type;
+  return T::from_bits(kk::atomic_fetch_add(reinterpret_cast<S*>(value_ptr(obj)), S{v.bits}).bits);
+}
 #else
 template <class T> constexpr bool has_native_f16_add = false;
+template <class T> KK_FN T native_f16_add(const volatile atomic<T>*, T v) { return v; }  // not used
 #endif
 }  // namespace kk_detail
 
@@ -108,28 +67,17 @@ template <class T> constexpr bool has_native_f16_add = false;
 
 template <class T>
 KK_FN T atomic_load_explicit(const volatile atomic<T>* obj, memory_order = memory_order_relaxed) {
-  if constexpr (kk_detail::atomic_emulated<T>) return kk_detail::emulated_load(kk_detail::value_ptr(obj));
-  else return T(kk::atomic_load(kk_detail::storage_ptr(obj)));
+  return kk::atomic_load(kk_detail::value_ptr(obj));
 }
-
 template <class T>
 KK_FN void atomic_store_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> desired,
                                  memory_order = memory_order_relaxed) {
-  if constexpr (kk_detail::atomic_emulated<T>) {
-    kk_detail::emulated_rmw(kk_detail::value_ptr(obj), [&](T) { return desired; });
-  } else {
-    kk::atomic_store(kk_detail::storage_ptr(obj), kk_detail::atomic_storage_t<T>(desired));
-  }
+  kk::atomic_store(kk_detail::value_ptr(obj), desired);
 }
-
 template <class T>
 KK_FN T atomic_exchange_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> desired,
                                  memory_order = memory_order_relaxed) {
-  if constexpr (kk_detail::atomic_emulated<T>) {
-    return kk_detail::emulated_rmw(kk_detail::value_ptr(obj), [&](T) { return desired; });
-  } else {
-    return T(kk::atomic_exchange(kk_detail::storage_ptr(obj), kk_detail::atomic_storage_t<T>(desired)));
-  }
+  return kk::atomic_exchange(kk_detail::value_ptr(obj), desired);
 }
 
 // Compares bit patterns; on failure *expected receives the current value.
@@ -138,18 +86,7 @@ KK_FN bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* obj, T* exp
                                                  kk_detail::identity_t<T> desired,
                                                  memory_order = memory_order_relaxed,
                                                  memory_order = memory_order_relaxed) {
-  if constexpr (kk_detail::atomic_emulated<T>) {
-    const uint want = kk_detail::bits_of(*expected);
-    const T cur = kk_detail::emulated_rmw(kk_detail::value_ptr(obj), [&](T c) {
-      return kk_detail::bits_of(c) == want ? desired : c;
-    });
-    if (kk_detail::bits_of(cur) == want) return true;
-    *expected = cur;
-    return false;
-  } else {
-    using S = kk_detail::atomic_storage_t<T>;
-    return kk::atomic_compare_exchange(kk_detail::storage_ptr(obj), reinterpret_cast<S*>(expected), S(desired));
-  }
+  return kk::atomic_compare_exchange(kk_detail::value_ptr(obj), expected, desired);
 }
 template <class T>
 KK_FN bool atomic_compare_exchange_strong_explicit(volatile atomic<T>* obj, T* expected,
@@ -159,52 +96,30 @@ KK_FN bool atomic_compare_exchange_strong_explicit(volatile atomic<T>* obj, T* e
   return atomic_compare_exchange_weak_explicit(obj, expected, desired, s, f);
 }
 
-// fetch_<op>: NEW is the emulated path's new value from `a` (current) and `b` (operand).
-#define KK_ATOMIC_FETCH(op, NEW)                                                                  \
+#define KK_ATOMIC_FETCH(op)                                                                      \
   template <class T>                                                                             \
-  KK_FN T atomic_fetch_##op##_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> b,      \
+  KK_FN T atomic_fetch_##op##_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> v,      \
                                        memory_order = memory_order_relaxed) {                    \
-    if constexpr (kk_detail::atomic_emulated<T>) {                                               \
-      return kk_detail::emulated_rmw(kk_detail::value_ptr(obj), [&](T a) { return NEW; });       \
-    } else {                                                                                     \
-      using S = kk_detail::atomic_storage_t<T>;                                                  \
-      return T(kk::atomic_fetch_##op(kk_detail::storage_ptr(obj), S(b)));                        \
-    }                                                                                            \
+    return kk::atomic_fetch_##op(kk_detail::value_ptr(obj), v);                                 \
   }
-KK_ATOMIC_FETCH(min, min(a, b))
-KK_ATOMIC_FETCH(max, max(a, b))
-KK_ATOMIC_FETCH(and, T(a & b))
-KK_ATOMIC_FETCH(or, T(a | b))
-KK_ATOMIC_FETCH(xor, T(a ^ b))
+KK_ATOMIC_FETCH(min)
+KK_ATOMIC_FETCH(max)
+KK_ATOMIC_FETCH(and)
+KK_ATOMIC_FETCH(or)
+KK_ATOMIC_FETCH(xor)
 #undef KK_ATOMIC_FETCH
 
 template <class T>
-KK_FN T atomic_fetch_add_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> b,
+KK_FN T atomic_fetch_add_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> v,
                                   memory_order = memory_order_relaxed) {
-#ifdef KK_HAS_ATOMIC_ADD_F16
-  if constexpr (kk_detail::has_native_f16_add<T>) {
-    using S = typename kk_detail::native_f16<T>::type;
-    return T::from_bits(kk::atomic_fetch_add(reinterpret_cast<S*>(kk_detail::value_ptr(obj)), S{b.bits}).bits);
-  } else
-#endif
-  if constexpr (kk_detail::atomic_emulated<T>) {
-    return kk_detail::emulated_rmw(kk_detail::value_ptr(obj), [&](T a) { return T(a + b); });
-  } else {
-    using S = kk_detail::atomic_storage_t<T>;
-    return T(kk::atomic_fetch_add(kk_detail::storage_ptr(obj), S(b)));
-  }
+  if constexpr (kk_detail::has_native_f16_add<T>) return kk_detail::native_f16_add(obj, v);
+  else return kk::atomic_fetch_add(kk_detail::value_ptr(obj), v);
 }
 template <class T>
-KK_FN T atomic_fetch_sub_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> b,
-                                  memory_order order = memory_order_relaxed) {
-  if constexpr (kk_detail::has_native_f16_add<T>) {
-    return atomic_fetch_add_explicit(obj, T(-b), order);
-  } else if constexpr (kk_detail::atomic_emulated<T>) {
-    return kk_detail::emulated_rmw(kk_detail::value_ptr(obj), [&](T a) { return T(a - b); });
-  } else {
-    using S = kk_detail::atomic_storage_t<T>;
-    return T(kk::atomic_fetch_sub(kk_detail::storage_ptr(obj), S(b)));
-  }
+KK_FN T atomic_fetch_sub_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> v,
+                                  memory_order = memory_order_relaxed) {
+  if constexpr (kk_detail::has_native_f16_add<T>) return kk_detail::native_f16_add(obj, T(-v));
+  else return kk::atomic_fetch_sub(kk_detail::value_ptr(obj), v);
 }
 
 // The forms without _explicit (memory_order_relaxed: Metal has no other for device memory).

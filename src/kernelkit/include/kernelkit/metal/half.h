@@ -16,13 +16,46 @@
 namespace metal {
 namespace kk_detail {
 
+// Conversions: the target's (one instruction on the GPU) at run time; plain
+// C++ in constant expressions, so that `constexpr half h = 0.5f;` and
+// `constant half table[] = {...}` (program-scope constants) work.
 struct half_format {
-  static KK_FN float to_float(unsigned short b) { return kk::half_to_float(b); }
-  static KK_FN unsigned short from_float(float f) { return kk::float_to_half(f); }
+  static constexpr KK_FN float to_float(unsigned short b) {
+    if (!__builtin_is_constant_evaluated()) return kk::half_to_float(b);
+    const unsigned sign = unsigned(b & 0x8000u) << 16, e = (b >> 10) & 0x1fu, m = b & 0x3ffu;
+    if (e == 0) return (sign ? -1.0f : 1.0f) * float(m) * 0x1p-24f;  // zero, subnormal: exact
+    return __builtin_bit_cast(float, e == 0x1f ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13));
+  }
+  static constexpr KK_FN unsigned short from_float(float f) {
+    if (!__builtin_is_constant_evaluated()) return kk::float_to_half(f);
+    const unsigned x = __builtin_bit_cast(unsigned, f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    unsigned h = 0;  // stays 0 below 2^-25 (rounds to zero)
+    if (a > 0x7f800000u) {
+      h = 0x7e00u;  // NaN
+    } else if (a >= 0x47800000u) {
+      h = 0x7c00u;  // >= 2^16: infinity
+    } else if (a >= 0x38800000u) {  // normal: rebias the exponent, round to nearest even (may carry to inf)
+      const unsigned r = a - 0x38000000u;
+      h = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+    } else if (a >= 0x33000000u) {  // subnormal: the value in units of 2^-24 is m >> (126 - e), rounded to even
+      const unsigned e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+      const unsigned rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+      h = (m >> shift) + ((rem > halfway || (rem == halfway && ((m >> shift) & 1u))) ? 1u : 0u);
+    }
+    return static_cast<unsigned short>(sign | h);
+  }
 };
 struct bfloat_format {
-  static KK_FN float to_float(unsigned short b) { return kk::bfloat_to_float(b); }
-  static KK_FN unsigned short from_float(float f) { return kk::float_to_bfloat(f); }
+  static constexpr KK_FN float to_float(unsigned short b) {
+    if (!__builtin_is_constant_evaluated()) return kk::bfloat_to_float(b);
+    return __builtin_bit_cast(float, unsigned(b) << 16);
+  }
+  static constexpr KK_FN unsigned short from_float(float f) {
+    if (!__builtin_is_constant_evaluated()) return kk::float_to_bfloat(f);
+    const unsigned x = __builtin_bit_cast(unsigned, f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((x >> 16) | 0x40u);  // quiet NaN
+    return static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  }
 };
 struct bits_tag {};
 
@@ -32,18 +65,18 @@ struct alignas(2) float16 {
 
   float16() = default;
   template <class T, enable_if_t<is_builtin_arith<T>, int> = 0>
-  KK_FN float16(T v) : bits(Format::from_float(static_cast<float>(v))) {}
+  constexpr KK_FN float16(T v) : bits(Format::from_float(static_cast<float>(v))) {}
   template <class Other, enable_if_t<!is_same_v<Other, Format>, int> = 0>
-  KK_FN float16(float16<Other> v) : bits(Format::from_float(static_cast<float>(v))) {}
+  constexpr KK_FN float16(float16<Other> v) : bits(Format::from_float(static_cast<float>(v))) {}
   constexpr KK_FN float16(bits_tag, unsigned short b) : bits(b) {}
 
   // Build from a bit pattern; constexpr, so limits and constants can use it.
   static constexpr KK_FN float16 from_bits(unsigned short b) { return float16(bits_tag{}, b); }
 
   template <class T, enable_if_t<is_same_v<T, float> || is_same_v<T, double>, int> = 0>
-  KK_FN operator T() const { return static_cast<T>(Format::to_float(bits)); }
+  constexpr KK_FN operator T() const { return static_cast<T>(Format::to_float(bits)); }
   template <class T, enable_if_t<is_integral<T>::value, int> = 0>
-  KK_FN explicit operator T() const { return static_cast<T>(Format::to_float(bits)); }
+  constexpr KK_FN explicit operator T() const { return static_cast<T>(Format::to_float(bits)); }
 
   constexpr KK_FN float16 operator-() const { return from_bits(static_cast<unsigned short>(bits ^ 0x8000u)); }
   constexpr KK_FN float16 operator+() const { return *this; }

@@ -1,0 +1,1154 @@
+"""The MSL subset of SPEC §4, item by item, on every backend (the `device` fixture).
+
+Each test runs real kernel bodies written as one would for Metal and checks them against a
+model in Python or torch: exactly on integer data (and on floats where the result is exact),
+within a few ulps where a math library is involved. Several checks share one kernel, one
+column of the output each, to keep the number of compiled kernels small.
+"""
+
+import math
+
+import pytest
+import torch
+
+import kernelkit as kk
+
+
+def launch(kernel, device, inputs, shapes, dtypes, grid, group, **kw):
+    return kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
+                  threadgroup=group, stream=device, **kw)
+
+
+def columns_body(prelude, out, columns, ctype="int64_t"):
+    """A body writing column c of row i of `out` from the expression columns[c]."""
+    lines = [prelude, f"    device {ctype}* row_ = {out} + i * {len(columns)};"]
+    lines += [f"    row_[{c}] = {ctype}({expr});" for c, expr in enumerate(columns)]
+    return "\n".join(lines) + "\n"
+
+
+def rand_int(lo, hi, n, device):
+    return torch.randint(lo, hi, (n,), dtype=torch.int32, device=device)
+
+
+def u32(v):
+    return int(v) & 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------------------------------------
+# Address spaces
+
+
+def test_address_spaces(device):
+    header = """
+inline float load(const device float* src, uint j) { return src[j]; }
+inline void store(device float* dst, uint j, float v) { dst[j] = v; }
+inline float neighbour(threadgroup const float* buf, uint j) { return buf[j]; }
+inline void accumulate(thread float& acc, float x) { acc += x; }
+inline float first(const thread float* p) { return p[0]; }
+inline float times(const constant float& r, float x) { return r * x; }
+"""
+    body = """
+    uint i = thread_position_in_grid.x;
+    uint t = thread_index_in_threadgroup;
+    uint n = threads_per_threadgroup.x;
+    threadgroup float tile[64];          // shared by the threadgroup, one per group
+    threadgroup float pair[2][64];
+    threadgroup float* tp = tile;
+    tile[t] = load(inp, i);
+    pair[t % 2][t] = float(t);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    thread float acc = 0.0f;
+    accumulate(acc, neighbour(tp, (t + 1) % n));
+    thread float& ref = acc;
+    ref += times(s, tile[t]);            // the scalar input is a `const constant float&`
+    float local[2] = {acc, float(n)};
+    device float* o = out + i * 4;
+    store(o, 0, first(local));
+    store(o, 1, local[1]);
+    o[2] = tp[(t + n - 1) % n];
+    o[3] = pair[t % 2][t];
+"""
+    k = kk.metal_kernel(name="address_spaces", input_names=["inp", "s"], output_names=["out"],
+                        source=body, header=header)
+    n, group = 64 * 3 + 40, 64  # a partial last group of 40
+    x = torch.randint(-100, 100, (n,), device=device).float()
+    s = 0.5
+    out = launch(k, device, [x, s], [(n, 4)], [torch.float32], (n, 1, 1), (group, 1, 1))[0].cpu()
+    x = x.cpu()
+    ref = torch.empty(n, 4)
+    for i in range(n):
+        g0, t = i - i % group, i % group
+        size = min(group, n - g0)
+        ref[i] = torch.tensor([x[g0 + (t + 1) % size] + s * x[i], size, x[g0 + (t - 1) % size], t])
+    assert torch.equal(out, ref)
+
+
+CONSTANT_FORMS = {
+    "array": ("constant float kTable[4] = {0.5f, 1.0f, 2.0f, 4.0f};", "kTable[i % 4]",
+              lambda i: [0.5, 1.0, 2.0, 4.0][i % 4]),
+    "scalar": ("constant int kBias = 3;", "float(kBias)", lambda i: 3.0),
+    "vector": ("constant float2 kOff = float2(0.25f, -0.5f);", "kOff.x + kOff.y", lambda i: -0.25),
+    "constexpr": ("static constant constexpr const int kN = 7;", "float(kN)", lambda i: 7.0),
+    "mlx_macro": ("#define MLX_MTL_CONST static constant constexpr const\nMLX_MTL_CONST int SIMD_SIZE = 32;",
+                  "float(SIMD_SIZE)", lambda i: 32.0),
+    "reference_param": ("constant float kScale[2] = {3.0f, 5.0f};\n"
+                        "inline float scaled(constant float& r, float x) { return r * x; }",
+                        "scaled(kScale[i % 2], 2.0f)", lambda i: [6.0, 10.0][i % 2]),
+    "pointer_param": ("constant float kW[3] = {1.0f, 2.0f, 3.0f};\n"
+                      "inline float sum3(constant float* w) { return w[0] + w[1] + w[2]; }",
+                      "sum3(kW)", lambda i: 6.0),
+}
+
+
+@pytest.mark.parametrize("form", list(CONSTANT_FORMS))
+def test_program_scope_constant(device, form):
+    header, expr, model = CONSTANT_FORMS[form]
+    body = f"uint i = thread_position_in_grid.x;\nout[i] = {expr} + inp[i];\n"
+    k = kk.metal_kernel(name=f"constant_{form}", input_names=["inp"], output_names=["out"],
+                        source=body, header=header)
+    x = torch.randint(-50, 50, (37,), device=device).float()
+    out = launch(k, device, [x], [(37,)], [torch.float32], (37, 1, 1), (16, 1, 1))[0].cpu()
+    ref = x.cpu() + torch.tensor([model(i) for i in range(37)])
+    assert torch.equal(out, ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar types
+
+
+def test_scalar_types_promotion_and_conversions(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    half x = h[i];
+    bfloat bx = b[i];
+    float16_t hy = float16_t(f[i]);      // float -> half, to nearest even
+    bfloat16_t by = bfloat16_t(f[i]);    // float -> bfloat, to nearest even
+    static_assert(is_same<decltype(x * x), half>::value, "half * half is half");
+    static_assert(is_same<decltype(x * 2.0f), float>::value, "half * float is float");
+    static_assert(is_same<decltype(x + 1), half>::value, "half + int is half");
+    static_assert(is_same<decltype(bx * bx), bfloat>::value, "bfloat * bfloat is bfloat");
+    static_assert(is_same<decltype(bx * 1.0f), float>::value, "bfloat * float is float");
+    static_assert(is_same<float16_t, half>::value && is_same<bfloat16_t, bfloat>::value, "aliases");
+    static_assert(sizeof(half) == 2 && sizeof(bfloat) == 2 && sizeof(ushort) == 2 &&
+                  sizeof(uchar) == 1 && sizeof(uint) == 4 && sizeof(int64_t) == 8 &&
+                  sizeof(size_t) == 8, "sizes");
+    oh[i * 4 + 0] = x * x;
+    oh[i * 4 + 1] = hy;
+    oh[i * 4 + 2] = x + 1;
+    oh[i * 4 + 3] = half(s[i]) * half(3);
+    ob[i * 2 + 0] = bx * bx;
+    ob[i * 2 + 1] = by;
+    of[i * 4 + 0] = x * f[i];
+    of[i * 4 + 1] = bx * 0.5f;
+    of[i * 4 + 2] = float(x) + float(bx);
+    of[i * 4 + 3] = float(hy) - f[i];
+    uint u = as_type<uint>(w[i]);
+    ushort us = ushort(u);
+    us += ushort(40000);
+    uchar uc = uchar(u);
+    uc = uchar(uc + 200);
+    int64_t big = int64_t(w[i]) * 3000000000L + s[i];
+    size_t sz = size_t(u) * 8 + sizeof(float4);
+    device int64_t* o = oi + i * 10;
+    o[0] = u * 2654435761u;
+    o[1] = uint(0) - u;
+    o[2] = us;
+    o[3] = uc;
+    o[4] = big;
+    o[5] = int64_t(sz);
+    o[6] = int(f[i] * 10.5f);
+    o[7] = int(x);
+    o[8] = uint(s[i]);
+    o[9] = ushort(s[i]);
+"""
+    k = kk.metal_kernel(name="scalar_types", input_names=["h", "b", "f", "w", "s"],
+                        output_names=["oh", "ob", "of", "oi"], source=body)
+    n = 300
+    f = torch.randn(n, device=device) * 8
+    h = (torch.randn(n, device=device) * 8).half()
+    b = (torch.randn(n, device=device) * 8).bfloat16()
+    w = torch.randint(-2**31, 2**31, (n,), dtype=torch.int32, device=device)
+    s = rand_int(-40000, 40000, n, device)
+    oh, ob, of, oi = launch(k, device, [h, b, f, w, s], [(n, 4), (n, 2), (n, 4), (n, 10)],
+                            [torch.float16, torch.bfloat16, torch.float32, torch.int64],
+                            (n, 1, 1), (64, 1, 1))
+    h, b, f, w, s = (t.cpu() for t in (h, b, f, w, s))
+    hf, bf = h.float(), b.float()
+    ref_h = torch.stack([(hf * hf).half(), f.half(), (hf + 1).half(),
+                         (s.half().float() * 3).half()], 1)
+    ref_b = torch.stack([(bf * bf).bfloat16(), f.bfloat16()], 1)
+    ref_f = torch.stack([hf * f, bf * 0.5, hf + bf, f.half().float() - f], 1)
+    assert torch.equal(oh.cpu(), ref_h)
+    assert torch.equal(ob.cpu(), ref_b)
+    assert torch.equal(of.cpu(), ref_f)
+    rows = []
+    for wi, si, fi, hi in zip(w.tolist(), s.tolist(), f.tolist(), h.float().tolist()):
+        u = u32(wi)
+        rows.append([(u * 2654435761) & 0xFFFFFFFF, (-u) & 0xFFFFFFFF, (u + 40000) & 0xFFFF,
+                     ((u & 0xFF) + 200) & 0xFF, wi * 3000000000 + si, u * 8 + 16,
+                     math.trunc(float(torch.tensor(fi) * torch.tensor(10.5))), math.trunc(hi),
+                     u32(si), si & 0xFFFF])
+    assert oi.cpu().tolist() == rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Vector types
+
+VEC_FLOAT = [
+    "p.x", "p.y", "q.z", "c.g", "bgr.x", "v.r", "v.a", "m.y", "m.z", "m.w",
+    "(bc + b3).y", "sw.x", "sw.w", "dup.y", "dup.z", "f3.z", "f4.w", "v5.x", "v5[2]", "ar.y",
+    "dot(v.xy, w.xy)", "float(hh.y)", "float(h3.z)", "fv.w", "sel.x", "sel.w", "v.bgr.z",
+    "length_squared(w.xy)",
+]
+VEC_INT = [
+    "r.x", "r.y", "r.z", "r.w", "r2.x", "r2.y", "sh.z", "uv.w", "u2.y", "u3.y",
+    "all(gt)", "any(gt)", "gt.y", "b2v.x + 2 * b2v.y", "eq.x + 2 * eq.y + 4 * eq.z", "ng.w",
+    "both.z", "int(iv.wzyx.x)", "int(b4.a) + 2 * int(b4.r)",
+]
+
+
+def test_vector_types(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    const device float4* a4 = (const device float4*)(a);
+    float4 v = a4[i];
+    float4 w = reinterpret_cast<const device float4*>(bq)[i];
+    float2 p = v.xy + v.zw;
+    float3 q = v.xyz * 2.0f;
+    float3 c = v.rgb;
+    float3 bgr = v.bgr;
+    float4 m = float4(v.xy, 1, 2);
+    float4 bc = float4(0.5f);
+    float4 b3 = 3.0f;
+    float4 sw = v.wzyx * w;
+    float4 dup = v.xxyy;
+    float3 f3 = float3(v.x, v.yz);
+    float4 f4 = float4(v.xyz, 0);
+    float4 v5 = v;
+    v5.x = 5.0f;
+    float4 ar = (v - w) / 2.0f + -w;
+    half4 hv = half4(w);
+    half2 hh = hv.xy * hv.zw;
+    half3 h3 = hv.xyz + half3(1);
+    float4 fv = float4(hv);
+    bool4 gt = w > 0.0f;
+    float4 sel = select(w, -w, gt);
+    int4 iv = reinterpret_cast<const device int4*>(iq)[i];
+    int4 r = iv * 3 - int4(1, 2, 3, 4);
+    int2 r2 = iv.xy % 5;
+    int3 sh = iv.xyz >> 1;
+    uint4 uv = uint4(iv) + 1u;
+    uint2 u2 = uv.xy & uint2(0xff, 0xf0f0);
+    uint3 u3 = uint3(7, 8, 9) * uv.xyz;
+    bool2 b2v = bool2(true, false);
+    bool3 eq = iv.xyz == int3(0, 1, 2);
+    bool4 ng = !gt;
+    bool4 both = gt && (w < 1.0f);
+    bool4 b4 = bool4(iv > 0);
+""" + "".join(f"    of[i * {len(VEC_FLOAT)} + {c}] = {e};\n" for c, e in enumerate(VEC_FLOAT)) \
+        + "".join(f"    oi[i * {len(VEC_INT)} + {c}] = int64_t({e});\n" for c, e in enumerate(VEC_INT))
+    k = kk.metal_kernel(name="vector_types", input_names=["a", "bq", "iq"], output_names=["of", "oi"],
+                        source=body)
+    n = 150
+    a = torch.randn(n, 4, device=device)
+    bq = torch.randn(n, 4, device=device)
+    iq = torch.randint(-1000, 1000, (n, 4), dtype=torch.int32, device=device)
+    iq[::7, :3] = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)  # some equal to int3(0,1,2)
+    of, oi = launch(k, device, [a, bq, iq], [(n, len(VEC_FLOAT)), (n, len(VEC_INT))],
+                    [torch.float32, torch.int64], (n, 1, 1), (32, 1, 1))
+    v, w, iv = a.cpu(), bq.cpu(), iq.cpu().long()
+    hw = w.half().float()
+    gt = w > 0
+    cols_f = {
+        "p.x": v[:, 0] + v[:, 2], "p.y": v[:, 1] + v[:, 3], "q.z": v[:, 2] * 2, "c.g": v[:, 1],
+        "bgr.x": v[:, 2], "v.r": v[:, 0], "v.a": v[:, 3], "m.y": v[:, 1], "m.z": 1.0, "m.w": 2.0,
+        "(bc + b3).y": 3.5, "sw.x": v[:, 3] * w[:, 0], "sw.w": v[:, 0] * w[:, 3], "dup.y": v[:, 0],
+        "dup.z": v[:, 1], "f3.z": v[:, 2], "f4.w": 0.0, "v5.x": 5.0, "v5[2]": v[:, 2],
+        "ar.y": (v[:, 1] - w[:, 1]) / 2 - w[:, 1],
+        "dot(v.xy, w.xy)": v[:, 0].double() * w[:, 0] + v[:, 1].double() * w[:, 1],
+        "float(hh.y)": (hw[:, 1] * hw[:, 3]).half().float(), "float(h3.z)": (hw[:, 2] + 1).half().float(),
+        "fv.w": hw[:, 3], "sel.x": torch.where(gt[:, 0], -w[:, 0], w[:, 0]),
+        "sel.w": torch.where(gt[:, 3], -w[:, 3], w[:, 3]), "v.bgr.z": v[:, 0],
+        "length_squared(w.xy)": w[:, 0].double() ** 2 + w[:, 1].double() ** 2,
+    }
+    ref_f = torch.stack([torch.as_tensor(cols_f[e], dtype=torch.float64).expand(n) for e in VEC_FLOAT], 1)
+    torch.testing.assert_close(of.cpu().double(), ref_f, rtol=1e-6, atol=1e-6)
+    uv = (iv + 1) & 0xFFFFFFFF
+    eq = (iv[:, :3] == torch.tensor([0, 1, 2])).long()
+    cols_i = {
+        "r.x": iv[:, 0] * 3 - 1, "r.y": iv[:, 1] * 3 - 2, "r.z": iv[:, 2] * 3 - 3, "r.w": iv[:, 3] * 3 - 4,
+        "r2.x": torch.fmod(iv[:, 0], 5), "r2.y": torch.fmod(iv[:, 1], 5), "sh.z": iv[:, 2] >> 1,
+        "uv.w": uv[:, 3], "u2.y": uv[:, 1] & 0xF0F0, "u3.y": (8 * uv[:, 1]) & 0xFFFFFFFF,
+        "all(gt)": gt.all(1).long(), "any(gt)": gt.any(1).long(), "gt.y": gt[:, 1].long(),
+        "b2v.x + 2 * b2v.y": 1, "eq.x + 2 * eq.y + 4 * eq.z": eq[:, 0] + 2 * eq[:, 1] + 4 * eq[:, 2],
+        "ng.w": (~gt[:, 3]).long(), "both.z": (gt[:, 2] & (w[:, 2] < 1)).long(),
+        "int(iv.wzyx.x)": iv[:, 3], "int(b4.a) + 2 * int(b4.r)": (iv[:, 3] > 0).long() + 2 * (iv[:, 0] > 0).long(),
+    }
+    ref_i = torch.stack([torch.as_tensor(cols_i[e], dtype=torch.int64).expand(n) for e in VEC_INT], 1)
+    assert torch.equal(oi.cpu(), ref_i)
+
+
+# ---------------------------------------------------------------------------------------------
+# Math
+
+PRECISE = dict(rtol=4e-7, atol=1e-12)  # ~3 ulp: metal::precise:: is accurate whatever the math mode
+MIX = dict(rtol=1e-6, atol=1e-6)       # x + (y - x) * a may cancel
+FAST = dict(rtol=5e-5, atol=2e-5)
+EXACT = dict(rtol=0, atol=0)
+
+# (expression, torch reference on float64 x in [0.1, 3], y in [-3, 3], ix in [-20, 20], tolerance)
+MATH = [
+    ("metal::exp(y)", lambda x, y, ix: y.exp(), FAST),
+    ("metal::log(x)", lambda x, y, ix: x.log(), FAST),
+    ("metal::sin(y)", lambda x, y, ix: y.sin(), FAST),
+    ("metal::cos(y)", lambda x, y, ix: y.cos(), FAST),
+    ("metal::tanh(y)", lambda x, y, ix: y.tanh(), FAST),
+    ("metal::sqrt(x)", lambda x, y, ix: x.sqrt(), FAST),
+    ("metal::rsqrt(x)", lambda x, y, ix: x.rsqrt(), FAST),
+    ("metal::pow(x, y)", lambda x, y, ix: x.pow(y), FAST),
+    ("metal::exp2(y)", lambda x, y, ix: y.exp2(), FAST),
+    ("metal::log2(x)", lambda x, y, ix: x.log2(), FAST),
+    ("metal::atan2(y, x)", lambda x, y, ix: torch.atan2(y, x), FAST),
+    ("metal::precise::exp(y)", lambda x, y, ix: y.exp(), PRECISE),
+    ("metal::precise::log(x)", lambda x, y, ix: x.log(), PRECISE),
+    ("metal::precise::sin(y)", lambda x, y, ix: y.sin(), PRECISE),
+    ("metal::precise::cos(y)", lambda x, y, ix: y.cos(), PRECISE),
+    ("metal::precise::sqrt(x)", lambda x, y, ix: x.sqrt(), PRECISE),
+    ("metal::precise::pow(x, y)", lambda x, y, ix: x.pow(y), PRECISE),
+    ("metal::precise::tanh(y)", lambda x, y, ix: y.tanh(), PRECISE),
+    ("metal::fast::exp(y)", lambda x, y, ix: y.exp(), FAST),
+    ("metal::fast::log(x)", lambda x, y, ix: x.log(), FAST),
+    ("metal::fast::sin(y)", lambda x, y, ix: y.sin(), FAST),
+    ("metal::fast::cos(y)", lambda x, y, ix: y.cos(), FAST),
+    ("metal::fast::rsqrt(x)", lambda x, y, ix: x.rsqrt(), FAST),
+    ("exp(y)", lambda x, y, ix: y.exp(), FAST),
+    ("sqrt(x)", lambda x, y, ix: x.sqrt(), FAST),
+    ("log(x)", lambda x, y, ix: x.log(), FAST),
+    ("floor(y)", lambda x, y, ix: y.floor(), EXACT),
+    ("ceil(y)", lambda x, y, ix: y.ceil(), EXACT),
+    ("trunc(y)", lambda x, y, ix: y.trunc(), EXACT),
+    ("fabs(y)", lambda x, y, ix: y.abs(), EXACT),
+    ("abs(y)", lambda x, y, ix: y.abs(), EXACT),
+    ("float(ix_nw)", lambda x, y, ix: (((y.float() + 1) / 2) * 15).floor(), EXACT),
+    ("max(x, y)", lambda x, y, ix: torch.maximum(x, y), EXACT),
+    ("min(x, y)", lambda x, y, ix: torch.minimum(x, y), EXACT),
+    ("float(max(ix, 3))", lambda x, y, ix: ix.clamp(min=3), EXACT),
+    ("float(min(ix, -3))", lambda x, y, ix: ix.clamp(max=-3), EXACT),
+    ("fmax(x, y)", lambda x, y, ix: torch.maximum(x, y), EXACT),
+    ("clamp(y, -1.0f, 1.0f)", lambda x, y, ix: y.clamp(-1, 1), EXACT),
+    ("float(clamp(ix, -5, 5))", lambda x, y, ix: ix.clamp(-5, 5), EXACT),
+    ("mix(x, y, 0.25f)", lambda x, y, ix: x + (y - x) * 0.25, MIX),
+    ("select(x, y, y > 0.0f)", lambda x, y, ix: torch.where(y > 0, y, x), EXACT),
+    ("select(-1.0f, 1.0f, ix > 0)", lambda x, y, ix: torch.where(ix > 0, 1.0, -1.0), EXACT),
+    ("fma(x, y, z)", lambda x, y, ix: None, PRECISE),  # reference built below
+    ("float(metal::exp(half(y)))", lambda x, y, ix: y.float().half().double().exp(), dict(rtol=2e-3, atol=1e-3)),
+    ("metal::sqrt(float2(x, 4.0f * x)).y", lambda x, y, ix: (4 * x).sqrt(), FAST),
+    ("metal::precise::exp(float4(y)).z", lambda x, y, ix: y.exp(), PRECISE),
+    ("metal::floor(float3(y, x, 0.0f)).x", lambda x, y, ix: y.floor(), EXACT),
+    ("float(select(int2(1, 2), int2(3, 4), bool2(y > 0.0f, x > 1.0f)).y)",
+     lambda x, y, ix: torch.where(x > 1, 4.0, 2.0), EXACT),
+    ("clamp(float2(y), float2(0.0f), float2(1.0f)).y", lambda x, y, ix: y.clamp(0, 1), EXACT),
+    ("mix(float2(x), float2(y), float2(0.5f)).x", lambda x, y, ix: (x + y) / 2, MIX),
+]
+
+
+def test_math_functions(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    float x = xs[i], y = ys[i], z = zs[i];
+    int ix = ixs[i];
+    float fx = ((y + 1) / 2) * (16 - 1);
+    int ix_nw = floor(fx);              // as MLX's grid_sample writes it
+""" + "".join(f"    out[i * {len(MATH)} + {c}] = {e};\n" for c, (e, _, _) in enumerate(MATH))
+    k = kk.metal_kernel(name="math_functions", input_names=["xs", "ys", "zs", "ixs"],
+                        output_names=["out"], source=body)
+    n = 256
+    x = torch.rand(n, device=device) * 2.9 + 0.1
+    y = torch.rand(n, device=device) * 6 - 3
+    z = torch.randn(n, device=device)
+    # row 0: fma must be fused: (1 + 2^-13)^2 - (1 + 2^-12) = 2^-26, which x*y+z rounds to 0
+    x[0], y[0], z[0] = 1 + 2**-13, 1 + 2**-13, -(1 + 2**-12)
+    ix = rand_int(-20, 21, n, device)
+    out = launch(k, device, [x, y, z, ix], [(n, len(MATH))], [torch.float32], (n, 1, 1),
+                 (64, 1, 1))[0].cpu().double()
+    xd, yd, zd, ixd = (t.cpu().double() for t in (x, y, z, ix))
+    failures = []  # every column checked, all failures reported together
+    for c, (expr, ref_fn, tol) in enumerate(MATH):
+        if expr == "fma(x, y, z)":
+            ref = (xd * yd + zd).float().double()  # the product of two floats is exact in double
+            if out[0, c] != 2**-26:
+                failures.append(f"fma(x, y, z) is not fused: {out[0, c].item()!r} instead of 2**-26")
+        else:
+            ref = torch.as_tensor(ref_fn(xd, yd, ixd), dtype=torch.float64).expand(n)
+        close = torch.isclose(out[:, c], ref, rtol=tol["rtol"], atol=tol["atol"])
+        if not close.all():
+            rel = ((out[:, c] - ref).abs() / ref.abs().clamp(min=1e-30)).max().item()
+            failures.append(f"{expr}: {int((~close).sum())}/{n} off, max relative error {rel:.3g} "
+                            f"(rtol {tol['rtol']}, atol {tol['atol']})")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("math_mode", ["safe", None], ids=["safe", "default-fast"])
+def test_isnan_isinf(device, math_mode):
+    # The backends promise isnan/isinf keep working in the default fast mode (no finite-math
+    # assumption, as on Metal), so the same checks run in both modes.
+    body = """
+    uint i = thread_position_in_grid.x;
+    float v = vs[i];
+    half hv = half(v);
+    float4 v4 = float4(v, 1.0f, 2.0f, 3.0f);
+    device int* o = out + i * 8;
+    o[0] = isnan(v);
+    o[1] = isinf(v);
+    o[2] = isfinite(v);
+    o[3] = isnan(hv);
+    o[4] = isinf(hv);
+    o[5] = any(isnan(v4));
+    o[6] = metal::isinf(v4).x;
+    o[7] = isnan(metal::numeric_limits<float>::quiet_NaN()) + 2 * isinf(metal::numeric_limits<float>::infinity());
+    fixed[i] = select(v, 0.0f, isnan(v) || isinf(v));
+"""
+    k = kk.metal_kernel(name="isnan_isinf", input_names=["vs"], output_names=["out", "fixed"],
+                        source=body, compile_options=math_mode and {"math_mode": math_mode})
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.5, 1e38, -1e-40,
+                            65504.0, 70000.0, -float("nan")])
+    v = torch.cat([special, torch.randn(53)]).to(device)
+    n = v.numel()
+    out, fixed = launch(k, device, [v], [(n, 8), (n,)], [torch.int32, torch.float32], (n, 1, 1),
+                        (32, 1, 1))
+    out, v = out.cpu(), v.cpu()
+    h = v.half()
+    ref = torch.stack([v.isnan(), v.isinf(), v.isfinite(), h.isnan(), h.isinf(), v.isnan(), v.isinf(),
+                       torch.full((n,), 3)], 1).int()
+    assert torch.equal(out, ref)
+    assert torch.equal(fixed.cpu(), torch.where(v.isfinite(), v, 0.0))
+
+
+def test_as_type(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    float f = fs[i];
+    half2 hp = half2(hs[2 * i], hs[2 * i + 1]);
+    uint bits = as_type<uint>(ws[i]);
+    device int64_t* o = oi + i * 4;
+    o[0] = as_type<uint>(f);
+    o[1] = as_type<int>(f);
+    o[2] = as_type<uint>(hp);
+    o[3] = as_type<ushort>(hp.y);
+    of[i] = as_type<float>(bits);
+    half2 back = as_type<half2>(as_type<uint>(hp));
+    oh[2 * i] = back.y;
+    oh[2 * i + 1] = back.x;
+"""
+    k = kk.metal_kernel(name="as_type", input_names=["fs", "hs", "ws"], output_names=["oi", "of", "oh"],
+                        source=body)
+    n = 100
+    f = torch.randn(n, device=device) * 1000
+    hs = torch.randn(2 * n, device=device).half()
+    ws = (torch.randn(n, device=device) * 3).view(torch.int32)  # bit patterns of ordinary floats
+    oi, of, oh = launch(k, device, [f, hs, ws], [(n, 4), (n,), (2 * n,)],
+                        [torch.int64, torch.float32, torch.float16], (n, 1, 1), (32, 1, 1))
+    f, hs, ws = f.cpu(), hs.cpu(), ws.cpu()
+    fbits = f.view(torch.int32).long()
+    hbits = hs.view(torch.int16).long() & 0xFFFF
+    ref = torch.stack([fbits & 0xFFFFFFFF, fbits, hbits[0::2] | (hbits[1::2] << 16), hbits[1::2]], 1)
+    assert torch.equal(oi.cpu(), ref)
+    assert torch.equal(of.cpu().view(torch.int32), ws)
+    assert torch.equal(oh.cpu(), hs.view(n, 2).flip(1).reshape(-1))
+
+
+def test_integer_functions(device):
+    cols = ["clz(u)", "popcount(u)", "clz(s)", "popcount(s)", "clz(us)", "popcount(us)", "clz(uc)",
+            "popcount(uc)", "clz(ul)", "popcount(ul)", "ctz(u)", "clz(0u)", "popcount(~0u)"]
+    body = columns_body("""
+    uint i = thread_position_in_grid.x;
+    int s = ws[i];
+    uint u = as_type<uint>(s);
+    ushort us = ushort(u >> 3);
+    uchar uc = uchar(u >> 11);
+    uint64_t ul = as_type<uint64_t>(ls[i]);
+""", "out", cols)
+    k = kk.metal_kernel(name="integer_functions", input_names=["ws", "ls"], output_names=["out"],
+                        source=body)
+    n = 200
+    ws = torch.randint(-2**31, 2**31, (n,), dtype=torch.int32, device=device)
+    ws = ws >> torch.randint(0, 32, (n,), dtype=torch.int32, device=device)  # all bit lengths
+    ws[:4] = torch.tensor([0, 1, -1, -2**31], dtype=torch.int32)
+    ls = torch.randint(-2**62, 2**62, (n,), dtype=torch.int64, device=device)
+    ls = ls >> torch.randint(0, 64, (n,), device=device)
+    ls[:2] = torch.tensor([0, -1])
+    out = launch(k, device, [ws, ls], [(n, len(cols))], [torch.int64], (n, 1, 1), (64, 1, 1))[0]
+
+    def clz(v, bits):
+        return bits - v.bit_length()
+
+    def ctz(v, bits):
+        return bits if v == 0 else (v & -v).bit_length() - 1
+
+    rows = []
+    for w, l in zip(ws.tolist(), ls.tolist()):
+        u, us, uc, ul = u32(w), (u32(w) >> 3) & 0xFFFF, (u32(w) >> 11) & 0xFF, l & (2**64 - 1)
+        rows.append([clz(u, 32), bin(u).count("1"), clz(u, 32), bin(u).count("1"), clz(us, 16),
+                     bin(us).count("1"), clz(uc, 8), bin(uc).count("1"), clz(ul, 64), bin(ul).count("1"),
+                     ctz(u, 32), 32, 32])
+    assert out.cpu().tolist() == rows
+
+
+def test_numeric_limits(device):
+    body = """
+    of[0] = metal::numeric_limits<float>::max();
+    of[1] = metal::numeric_limits<float>::min();
+    of[2] = metal::numeric_limits<float>::lowest();
+    of[3] = metal::numeric_limits<float>::epsilon();
+    of[4] = metal::numeric_limits<float>::infinity();
+    of[5] = -numeric_limits<float>::infinity();
+    oh[0] = numeric_limits<half>::max();
+    oh[1] = numeric_limits<half>::min();
+    oh[2] = numeric_limits<half>::lowest();
+    oh[3] = numeric_limits<half>::epsilon();
+    oh[4] = numeric_limits<half>::infinity();
+    oi[0] = metal::numeric_limits<int>::max();
+    oi[1] = metal::numeric_limits<int>::min();
+    oi[2] = metal::numeric_limits<int>::lowest();
+    oi[3] = metal::numeric_limits<int>::epsilon();
+    oi[4] = numeric_limits<uint>::max();
+    oi[5] = numeric_limits<uint>::min();
+    oi[6] = numeric_limits<uint>::lowest();
+    oi[7] = numeric_limits<int64_t>::max();
+    ob[0] = numeric_limits<bfloat>::max();
+    ob[1] = numeric_limits<bfloat>::epsilon();
+    constexpr float kInf = numeric_limits<float>::infinity();   // usable in constant expressions
+    of[6] = kInf;
+"""
+    k = kk.metal_kernel(name="numeric_limits", input_names=[], output_names=["of", "oh", "oi", "ob"],
+                        source=body)
+    of, oh, oi, ob = launch(k, device, [], [(7,), (5,), (8,), (2,)],
+                            [torch.float32, torch.float16, torch.int64, torch.bfloat16], (1, 1, 1), (1, 1, 1))
+    fi, hi, bi = torch.finfo(torch.float32), torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+    inf = float("inf")
+    assert of.cpu().tolist() == [fi.max, fi.tiny, -fi.max, fi.eps, inf, -inf, inf]
+    assert oh.cpu().tolist() == [hi.max, hi.tiny, -hi.max, hi.eps, inf]
+    assert oi.cpu().tolist() == [2**31 - 1, -2**31, -2**31, 0, 2**32 - 1, 0, 0, 2**63 - 1]
+    assert ob.cpu().tolist() == [bi.max, bi.eps]
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomics
+
+ATOMIC_BODY = """
+    uint i = thread_position_in_grid.x;
+    int v = vals[i];
+    uint w = as_type<uint>(words[i]);
+    // int: every read-modify-write, each result independent of the order
+    atomic_fetch_add_explicit(&ai[0], v, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&ai[1], v, memory_order_relaxed);
+    atomic_fetch_min_explicit(&ai[2], v, memory_order_relaxed);
+    atomic_fetch_max_explicit(&ai[3], v, memory_order_relaxed);
+    if (i % 97 == 0) atomic_fetch_and_explicit(&ai[4], andw[i], memory_order_relaxed);
+    if (i % 89 == 0) atomic_fetch_or_explicit(&ai[5], orw[i], memory_order_relaxed);
+    atomic_fetch_xor_explicit(&ai[6], words[i], memory_order_relaxed);
+    int old = atomic_exchange_explicit(&ai[7], int(i) + 1, memory_order_relaxed);
+    atomic_store_explicit(&olds[i], old, memory_order_relaxed);
+    int expected = atomic_load_explicit(&ai[8], memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&ai[8], &expected, expected + v,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+    }
+    int ticket = atomic_fetch_add_explicit(&ai[9], 1, memory_order_relaxed);
+    atomic_store_explicit(&tickets[i], ticket, memory_order_relaxed);
+    atomic_store_explicit(&loads[i], atomic_load_explicit(&ai[10], memory_order_relaxed),
+                          memory_order_relaxed);
+    // uint: unsigned order, wrap-around
+    device atomic_uint* au = aus;
+    atomic_fetch_add_explicit(&au[0], w, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&au[1], w, memory_order_relaxed);
+    atomic_fetch_min_explicit(&au[2], w, memory_order_relaxed);
+    atomic_fetch_max_explicit(&au[3], w, memory_order_relaxed);
+    if (i % 97 == 0) atomic_fetch_and_explicit(&au[4], as_type<uint>(andw[i]), memory_order_relaxed);
+    if (i % 89 == 0) atomic_fetch_or_explicit(&au[5], as_type<uint>(orw[i]), memory_order_relaxed);
+    atomic_fetch_xor_explicit(&au[6], w, memory_order_relaxed);
+    uint ue = atomic_load_explicit(&au[7], memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&au[7], &ue, max(ue, w),
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+    }
+    // float: integer-valued and half-integer-valued sums are exact in any order
+    device atomic_float* af = afs;
+    atomic_fetch_add_explicit(&af[0], float(v), memory_order_relaxed);
+    atomic_fetch_sub_explicit(&af[1], float(v), memory_order_relaxed);
+    float fe = atomic_load_explicit(&af[2], memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&af[2], &fe, fe + 0.5f * float(v),
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+    }
+    atomic_exchange_explicit(&af[3], float(i), memory_order_relaxed);
+"""
+
+
+@pytest.mark.parametrize("init", [0, -1])
+def test_device_atomics(device, init):
+    k = kk.metal_kernel(name="device_atomics", input_names=["vals", "words", "andw", "orw"],
+                        output_names=["ai", "olds", "tickets", "loads", "aus", "afs"],
+                        source=ATOMIC_BODY, atomic_outputs=True)
+    n = 4096 + 77
+    vals = rand_int(-1000, 1001, n, device)
+    words = torch.randint(-2**31, 2**31, (n,), dtype=torch.int32, device=device)
+
+    def rand_words():
+        return torch.randint(-2**31, 2**31, (n,), dtype=torch.int32, device=device)
+
+    andw = rand_words() | rand_words() | rand_words()   # bits set with p = 7/8
+    orw = rand_words() & rand_words() & rand_words()    # bits set with p = 1/8
+    ai, olds, tickets, loads, au, af = launch(
+        k, device, [vals, words, andw, orw], [(11,), (n,), (n,), (n,), (8,), (4,)],
+        [torch.int32, torch.int32, torch.int32, torch.int32, torch.uint32, torch.float32],
+        (n, 1, 1), (256, 1, 1), init_value=init)
+    v = vals.cpu().tolist()
+    w = [u32(x) for x in words.cpu().tolist()]
+    a = andw.cpu().tolist()
+    o = orw.cpu().tolist()
+
+    def wrap32(x):
+        x &= 0xFFFFFFFF
+        return x - 2**32 if x >= 2**31 else x
+
+    and_i, or_i, xor_i = init, init, init
+    for i in range(n):
+        if i % 97 == 0:
+            and_i &= a[i]
+        if i % 89 == 0:
+            or_i |= o[i]
+        xor_i ^= wrap32(w[i])
+    ai = ai.cpu().tolist()
+    assert ai[0] == init + sum(v)
+    assert ai[1] == init - sum(v)
+    assert ai[2] == min([init] + v)
+    assert ai[3] == max([init] + v)
+    assert ai[4] == wrap32(and_i)
+    assert ai[5] == wrap32(or_i)
+    assert ai[6] == wrap32(xor_i)
+    # exchange: the values handed back plus the final one are the initial one and every thread's
+    assert sorted(olds.cpu().tolist() + [ai[7]]) == sorted([init] + [i + 1 for i in range(n)])
+    assert ai[8] == init + sum(v)
+    assert ai[9] == init + n and sorted(tickets.cpu().tolist()) == list(range(init, init + n))
+    assert ai[10] == init and (loads.cpu() == init).all()
+
+    ui = u32(init)
+    and_u, or_u, xor_u = ui, ui, ui
+    for i in range(n):
+        if i % 97 == 0:
+            and_u &= u32(a[i])
+        if i % 89 == 0:
+            or_u |= u32(o[i])
+        xor_u ^= w[i]
+    au = au.cpu().to(torch.int64).tolist()
+    assert au == [(ui + sum(w)) & 0xFFFFFFFF, (ui - sum(w)) & 0xFFFFFFFF, min([ui] + w), max([ui] + w),
+                  and_u, or_u, xor_u, max([ui] + w)]
+    af = af.cpu().tolist()
+    assert af[0] == init + sum(v)
+    assert af[1] == init - sum(v)
+    assert af[2] == init + 0.5 * sum(v)
+    assert af[3] == int(af[3]) and 0 <= af[3] < n
+
+
+def test_threadgroup_atomics(device):
+    header = """
+inline void bump(threadgroup atomic_int* counter, int v) {
+    atomic_fetch_add_explicit(counter, v, memory_order_relaxed);
+}
+"""
+    body = """
+    uint i = thread_position_in_grid.x;
+    uint tid = thread_index_in_threadgroup;
+    uint g = threadgroup_position_in_grid.x;
+    uint G = dispatch_threads_per_threadgroup.x;
+    threadgroup atomic_int tsum;
+    threadgroup atomic<int> tmin;
+    threadgroup atomic_int tmax;
+    threadgroup atomic_uint tbits;
+    threadgroup atomic_uint tand;
+    threadgroup atomic_uint txor;
+    threadgroup atomic_uint ticket;
+    threadgroup atomic_int tcas;
+    threadgroup atomic_int txch;
+    threadgroup atomic_float fsum;
+    threadgroup atomic_uint hist[8];
+    if (tid == 0) {
+        atomic_store_explicit(&tsum, 0, memory_order_relaxed);
+        atomic_store_explicit(&tmin, 1 << 30, memory_order_relaxed);
+        atomic_store_explicit(&tmax, -(1 << 30), memory_order_relaxed);
+        atomic_store_explicit(&tbits, 0u, memory_order_relaxed);
+        atomic_store_explicit(&tand, ~0u, memory_order_relaxed);
+        atomic_store_explicit(&txor, 0u, memory_order_relaxed);
+        atomic_store_explicit(&ticket, 0u, memory_order_relaxed);
+        atomic_store_explicit(&tcas, 0, memory_order_relaxed);
+        atomic_store_explicit(&txch, 0, memory_order_relaxed);
+        atomic_store_explicit(&fsum, 0.0f, memory_order_relaxed);
+    }
+    if (tid < 8) atomic_store_explicit(&hist[tid], 0u, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    int v = vals[i];
+    uint w = as_type<uint>(words[i]);
+    bump(&tsum, v);
+    atomic_fetch_sub_explicit(&tsum, 1, memory_order_relaxed);
+    atomic_fetch_min_explicit(&tmin, v, memory_order_relaxed);
+    atomic_fetch_max_explicit(&tmax, v, memory_order_relaxed);
+    atomic_fetch_or_explicit(&tbits, 1u << (uint(v) & 31u), memory_order_relaxed);
+    atomic_fetch_and_explicit(&tand, ~(1u << (tid % 29)), memory_order_relaxed);
+    atomic_fetch_xor_explicit(&txor, w, memory_order_relaxed);
+    atomic_fetch_add_explicit(&hist[uint(v) & 7u], 1u, memory_order_relaxed);
+    atomic_fetch_add_explicit(&fsum, float(v), memory_order_relaxed);
+    int e = atomic_load_explicit(&tcas, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&tcas, &e, e + v, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+    }
+    xold[i] = atomic_exchange_explicit(&txch, int(tid) + 1, memory_order_relaxed);
+    uint t = atomic_fetch_add_explicit(&ticket, 1u, memory_order_relaxed);
+    order[g * G + t] = tid;     // every ticket taken once: a permutation of the group's threads
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid == 0) {
+        device int64_t* r = res + g * 10;
+        r[0] = atomic_load_explicit(&tsum, memory_order_relaxed);
+        r[1] = atomic_load_explicit(&tmin, memory_order_relaxed);
+        r[2] = atomic_load_explicit(&tmax, memory_order_relaxed);
+        r[3] = atomic_load_explicit(&tbits, memory_order_relaxed);
+        r[4] = atomic_load_explicit(&tand, memory_order_relaxed);
+        r[5] = atomic_load_explicit(&txor, memory_order_relaxed);
+        r[6] = atomic_load_explicit(&ticket, memory_order_relaxed);
+        r[7] = atomic_load_explicit(&tcas, memory_order_relaxed);
+        r[8] = atomic_load_explicit(&txch, memory_order_relaxed);
+        r[9] = int64_t(atomic_load_explicit(&fsum, memory_order_relaxed));
+    }
+    if (tid < 8) hist_out[g * 8 + tid] = atomic_load_explicit(&hist[tid], memory_order_relaxed);
+"""
+    k = kk.metal_kernel(name="threadgroup_atomics", input_names=["vals", "words"],
+                        output_names=["res", "hist_out", "xold", "order"], source=body, header=header)
+    G, n = 128, 128 * 5 + 50  # a partial last group of 50
+    groups = -(-n // G)
+    vals = rand_int(-1000, 1001, n, device)
+    words = torch.randint(-2**31, 2**31, (n,), dtype=torch.int32, device=device)
+    res, hist, xold, order = launch(k, device, [vals, words], [(groups, 10), (groups, 8), (n,), (n,)],
+                                    [torch.int64, torch.int32, torch.int32, torch.int32],
+                                    (n, 1, 1), (G, 1, 1))
+    res, hist, xold, order = res.cpu().tolist(), hist.cpu().tolist(), xold.cpu().tolist(), order.cpu().tolist()
+    v_all, w_all = vals.cpu().tolist(), [u32(x) for x in words.cpu().tolist()]
+    for g in range(groups):
+        lo, hi = g * G, min(n, (g + 1) * G)
+        v, w, size = v_all[lo:hi], w_all[lo:hi], hi - lo
+        bits, band, bxor = 0, 0xFFFFFFFF, 0
+        for t in range(size):
+            bits |= 1 << (u32(v[t]) & 31)
+            band &= ~(1 << (t % 29)) & 0xFFFFFFFF
+            bxor ^= w[t]
+        r = res[g]
+        assert r[:8] == [sum(v) - size, min(v), max(v), bits, band, bxor, size, sum(v)], g
+        assert sorted(xold[lo:hi] + [r[8]]) == list(range(size + 1)), g
+        assert r[9] == sum(v), g
+        assert hist[g] == [sum(1 for x in v if u32(x) & 7 == b) for b in range(8)], g
+        assert sorted(order[lo:hi]) == list(range(size)), g
+
+
+# ---------------------------------------------------------------------------------------------
+# Barriers
+
+
+def test_barriers(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    uint tid = thread_index_in_threadgroup;
+    uint n = threads_per_threadgroup.x;
+    uint g0 = threadgroup_position_in_grid.x * dispatch_threads_per_threadgroup.x;
+    uint lane = thread_index_in_simdgroup;
+    threadgroup int buf[2][128];
+    threadgroup int sbuf[128];
+    int v = inp[i];
+    // rounds of a ring rotation through threadgroup memory, double-buffered
+    buf[0][tid] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (int r = 0; r < 5; ++r) {
+        buf[(r + 1) & 1][tid] = buf[r & 1][(tid + 1) % n] * 2 + 1;
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    ring[i] = buf[1][tid];
+    // device memory written by one thread, read by another after a mem_device barrier
+    scratch[i] = v * 3;
+    threadgroup_barrier(mem_flags::mem_device);
+    dev[i] = scratch[g0 + (tid + 7) % n];
+    threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+    // a SIMD-group exchanging through threadgroup memory
+    sbuf[tid] = v + 1;
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    uint base = tid - lane;
+    uint size = min(32u, n - base);
+    int got = sbuf[base + (lane + 1) % size];
+    simdgroup_barrier(mem_flags::mem_none);
+    sg[i] = got;
+"""
+    k = kk.metal_kernel(name="barriers", input_names=["inp"],
+                        output_names=["ring", "scratch", "dev", "sg"], source=body)
+    G, n = 128, 128 * 3 + 45
+    x = rand_int(-1000, 1001, n, device)
+    ring, scratch, dev, sg = launch(k, device, [x], [(n,)] * 4, [torch.int32] * 4, (n, 1, 1), (G, 1, 1))
+    x = x.cpu().tolist()
+    ref_ring, ref_dev, ref_sg = [], [], []
+    for i in range(n):
+        g0, t = i - i % G, i % G
+        size = min(G, n - g0)
+        vals = x[g0:g0 + size]
+        for _ in range(5):
+            vals = [vals[(j + 1) % size] * 2 + 1 for j in range(size)]
+        ref_ring.append(vals[t])
+        ref_dev.append(3 * x[g0 + (t + 7) % size])
+        base = t - t % 32
+        ssize = min(32, size - base)
+        ref_sg.append(x[g0 + base + (t % 32 + 1) % ssize] + 1)
+    assert ring.cpu().tolist() == ref_ring
+    assert scratch.cpu().tolist() == [3 * v for v in x]
+    assert dev.cpu().tolist() == ref_dev
+    assert sg.cpu().tolist() == ref_sg
+
+
+# ---------------------------------------------------------------------------------------------
+# SIMD-group and quad-group functions: a Python model of Metal's semantics
+
+
+class Lanes:
+    """The active lanes of one SIMD-group (width 32) or quad (width 4), seen from one lane.
+
+    `members` maps each active lane (0..width-1) to its thread's global index; `data` maps an
+    input name to its values (indexed by global index).
+    """
+
+    def __init__(self, data, members, lane):
+        self.data, self.members, self.lane = data, members, lane
+        self.active = sorted(members)
+
+    def at(self, name, lane):
+        """`name` of that lane; None (undefined in Metal) when the lane is not active."""
+        return self.data[name][self.members[lane]] if lane in self.members else None
+
+    def own(self, name):
+        return self.at(name, self.lane)
+
+    def values(self, name, upto=None, inclusive=True):
+        lanes = self.active if upto is None else [
+            a for a in self.active if a < upto or (inclusive and a == upto)]
+        return [self.at(name, a) for a in lanes]
+
+    def ballot(self, pred):
+        return sum(1 << a for a in self.active if pred(self.at("x", a)))
+
+
+def reduce_(op, xs, empty):
+    r = empty
+    for v in xs:
+        r = op(r, v)
+    return r
+
+
+def group_model(data, windows, columns, n):
+    """Expected rows (n x columns): None where Metal leaves the value undefined; rows of threads
+    that are in no window (returned early) are None."""
+    expected = [[None] * len(columns) for _ in range(n)]
+    for members in windows:
+        for lane, i in members.items():
+            lanes = Lanes(data, members, lane)
+            expected[i] = [model(lanes) for _, model in columns]
+    return expected
+
+
+def windows_1d(n, group, width, keep=lambda i, lane: True):
+    """The SIMD-groups (width 32) or quads (width 4) of a 1-D launch: {lane: global index} of the
+    threads that exist and are kept, for every group of `width` lanes."""
+    windows = []
+    for g0 in range(0, n, group):
+        size = min(group, n - g0)
+        for w0 in range(0, size, width):
+            members = {t - w0: g0 + t for t in range(w0, min(size, w0 + width))
+                       if keep(g0 + t, t % 32)}
+            if members:
+                windows.append(members)
+    return windows
+
+
+def check_rows(out, expected, columns):
+    out = out.cpu().tolist()
+    for i, (got, want) in enumerate(zip(out, expected)):
+        for c, (g, w) in enumerate(zip(got, want)):
+            if w is not None:
+                assert g == w, f"row {i} (thread {i}), {columns[c][0]}: got {g}, expected {w}"
+
+
+def _prod(xs):
+    return reduce_(lambda a, b: a * b, xs, 1)
+
+
+def _and(xs):
+    return reduce_(lambda a, b: a & b, xs, 0xFFFFFFFF)
+
+
+def _or(xs):
+    return reduce_(lambda a, b: a | b, xs, 0)
+
+
+def _xor(xs):
+    return reduce_(lambda a, b: a ^ b, xs, 0)
+
+
+def _src(width, fn):
+    return lambda L: L.at("x", fn(L.lane, width))
+
+
+SIMD_INT = [
+    ("simd_sum(x)", lambda L: sum(L.values("x"))),
+    ("simd_product(p)", lambda L: _prod(L.values("p"))),
+    ("simd_min(x)", lambda L: min(L.values("x"))),
+    ("simd_max(x)", lambda L: max(L.values("x"))),
+    ("simd_and(u)", lambda L: _and(L.values("u"))),
+    ("simd_or(u)", lambda L: _or(L.values("u"))),
+    ("simd_xor(u)", lambda L: _xor(L.values("u"))),
+    ("simd_prefix_inclusive_sum(x)", lambda L: sum(L.values("x", L.lane))),
+    ("simd_prefix_exclusive_sum(x)", lambda L: sum(L.values("x", L.lane, False))),
+    ("simd_prefix_inclusive_product(p)", lambda L: _prod(L.values("p", L.lane))),
+    ("simd_prefix_exclusive_product(p)", lambda L: _prod(L.values("p", L.lane, False))),
+    ("simd_shuffle(x, (lane * 7 + 3) % sg_size)", lambda L: L.at("x", (L.lane * 7 + 3) % len(L.active))),
+    ("simd_shuffle(x, lane)", lambda L: L.own("x")),
+    ("simd_shuffle_up(x, 3)", _src(32, lambda i, w: i - 3 if i >= 3 else i)),
+    ("simd_shuffle_down(x, 5)", _src(32, lambda i, w: i + 5 if i + 5 < 32 else i)),
+    ("simd_shuffle_xor(x, 6)", _src(32, lambda i, w: i ^ 6)),
+    ("simd_shuffle_rotate_up(x, 3)", _src(32, lambda i, w: (i - 3) % 32)),
+    ("simd_shuffle_rotate_down(x, 7)", _src(32, lambda i, w: (i + 7) % 32)),
+    ("simd_broadcast(x, 2)", lambda L: L.at("x", 2)),
+    ("simd_broadcast_first(x)", lambda L: L.at("x", L.active[0])),
+    ("static_cast<uint64_t>(simd_ballot(x > 0))", lambda L: L.ballot(lambda x: x > 0)),
+    ("simd_ballot(x > -45).all()", lambda L: int(all(x > -45 for x in L.values("x")))),
+    ("simd_ballot(x > 45).any()", lambda L: int(any(x > 45 for x in L.values("x")))),
+    ("simd_all(x > -45)", lambda L: int(all(x > -45 for x in L.values("x")))),
+    ("simd_any(x > 45)", lambda L: int(any(x > 45 for x in L.values("x")))),
+    ("simd_is_first()", lambda L: int(L.lane == L.active[0])),
+    ("thread_index_in_simdgroup", lambda L: L.lane),
+]
+SIMD_FLOAT = [
+    ("simd_sum(fx)", lambda L: float(sum(L.values("x")))),
+    ("simd_max(fy)", lambda L: max(L.values("y"))),
+    ("simd_min(fy)", lambda L: min(L.values("y"))),
+    ("simd_prefix_inclusive_sum(fx)", lambda L: float(sum(L.values("x", L.lane)))),
+    ("simd_prefix_exclusive_sum(fx)", lambda L: float(sum(L.values("x", L.lane, False)))),
+    ("simd_product(float(p))", lambda L: float(_prod(L.values("p")))),
+    ("simd_shuffle(fy, (lane * 5 + 1) % sg_size)", lambda L: L.at("y", (L.lane * 5 + 1) % len(L.active))),
+    ("simd_shuffle_xor(fy, 1)", lambda L: L.at("y", L.lane ^ 1)),
+    ("float(simd_sum(half(x)))", lambda L: float(sum(L.values("x")))),
+    ("simd_sum(float2(fx, 2.0f * fx)).y", lambda L: float(2 * sum(L.values("x")))),
+    ("simd_broadcast(float4(fx, fy, 0.0f, 1.0f), 1).y", lambda L: L.at("y", 1)),
+    ("simd_shuffle_down(float2(fy, -fy), 1).y",
+     lambda L: None if L.at("y", L.lane + 1 if L.lane < 31 else L.lane) is None
+     else -L.at("y", L.lane + 1 if L.lane < 31 else L.lane)),
+    ("simd_max(int3(x, -x, 0)).y", lambda L: float(max(-x for x in L.values("x")))),
+]
+
+
+def simd_inputs(n, device):
+    x = rand_int(-50, 51, n, device)
+    u = torch.randint(-2**31, 2**31, (n,), dtype=torch.int32, device=device)
+    # products of up to 32 lanes stay small: +-2 on every 8th thread, +-1 elsewhere
+    sign = rand_int(0, 2, n, device) * 2 - 1
+    p = sign * torch.where(torch.arange(n, device=device) % 8 == 0, 2, 1).int()
+    y = torch.randn(n, device=device)
+    data = {"x": x.cpu().tolist(), "u": [u32(v) for v in u.cpu().tolist()], "p": p.cpu().tolist(),
+            "y": y.cpu().tolist()}
+    return [x, u, p, y], data
+
+
+SIMD_PRELUDE = """
+    uint i = thread_position_in_grid.x;
+    uint lane = thread_index_in_simdgroup;
+    uint sg_size = min(32u, threads_per_threadgroup.x - simdgroup_index_in_threadgroup * 32u);
+    int x = xs[i];
+    uint u = as_type<uint>(us[i]);
+    int p = ps[i];
+    float fx = float(x);
+    float fy = ys[i];
+"""
+
+
+@pytest.mark.parametrize("n,group", [(256, 128), (200, 80), (45, 64)],
+                         ids=["full", "partial-simdgroups", "one-partial-group"])
+def test_simd_functions(device, n, group):
+    body = columns_body(SIMD_PRELUDE, "oi", [e for e, _ in SIMD_INT]) + "".join(
+        f"    of[i * {len(SIMD_FLOAT)} + {c}] = float({e});\n" for c, (e, _) in enumerate(SIMD_FLOAT))
+    k = kk.metal_kernel(name="simd_functions", input_names=["xs", "us", "ps", "ys"],
+                        output_names=["oi", "of"], source=body)
+    inputs, data = simd_inputs(n, device)
+    oi, of = launch(k, device, inputs, [(n, len(SIMD_INT)), (n, len(SIMD_FLOAT))],
+                    [torch.int64, torch.float32], (n, 1, 1), (group, 1, 1))
+    windows = windows_1d(n, group, 32)
+    check_rows(oi, group_model(data, windows, SIMD_INT, n), SIMD_INT)
+    check_rows(of, group_model(data, windows, SIMD_FLOAT, n), SIMD_FLOAT)
+
+
+QUAD_INT = [
+    ("quad_sum(x)", lambda L: sum(L.values("x"))),
+    ("quad_product(p)", lambda L: _prod(L.values("p"))),
+    ("quad_min(x)", lambda L: min(L.values("x"))),
+    ("quad_max(x)", lambda L: max(L.values("x"))),
+    ("quad_and(u)", lambda L: _and(L.values("u"))),
+    ("quad_or(u)", lambda L: _or(L.values("u"))),
+    ("quad_xor(u)", lambda L: _xor(L.values("u"))),
+    ("quad_prefix_inclusive_sum(x)", lambda L: sum(L.values("x", L.lane))),
+    ("quad_prefix_exclusive_sum(x)", lambda L: sum(L.values("x", L.lane, False))),
+    ("quad_prefix_inclusive_product(p)", lambda L: _prod(L.values("p", L.lane))),
+    ("quad_prefix_exclusive_product(p)", lambda L: _prod(L.values("p", L.lane, False))),
+    ("quad_shuffle(x, (qlane + 1) % q_size)", lambda L: L.at("x", (L.lane + 1) % len(L.active))),
+    ("quad_shuffle_up(x, 1)", _src(4, lambda i, w: i - 1 if i >= 1 else i)),
+    ("quad_shuffle_down(x, 2)", _src(4, lambda i, w: i + 2 if i + 2 < 4 else i)),
+    ("quad_shuffle_xor(x, 1)", _src(4, lambda i, w: i ^ 1)),
+    ("quad_shuffle_rotate_up(x, 1)", _src(4, lambda i, w: (i - 1) % 4)),
+    ("quad_shuffle_rotate_down(x, 3)", _src(4, lambda i, w: (i + 3) % 4)),
+    ("quad_broadcast(x, 1)", lambda L: L.at("x", 1)),
+    ("quad_broadcast_first(x)", lambda L: L.at("x", L.active[0])),
+    ("static_cast<ushort>(quad_ballot(x > 0))", lambda L: L.ballot(lambda x: x > 0)),
+    ("quad_all(x > -30)", lambda L: int(all(x > -30 for x in L.values("x")))),
+    ("quad_any(x > 30)", lambda L: int(any(x > 30 for x in L.values("x")))),
+    ("quad_is_first()", lambda L: int(L.lane == L.active[0])),
+    ("thread_index_in_quadgroup", lambda L: L.lane),
+    ("float(quad_sum(fx))", lambda L: sum(L.values("x"))),
+    ("quad_sum(int2(x, 1)).y", lambda L: len(L.active)),
+]
+
+
+@pytest.mark.parametrize("n,group", [(128, 64), (173, 30)], ids=["full", "partial-quads"])
+def test_quad_functions(device, n, group):
+    prelude = SIMD_PRELUDE + """
+    uint qlane = thread_index_in_quadgroup;
+    uint q_size = min(4u, threads_per_threadgroup.x - quadgroup_index_in_threadgroup * 4u);
+"""
+    body = columns_body(prelude, "oi", [e for e, _ in QUAD_INT])
+    k = kk.metal_kernel(name="quad_functions", input_names=["xs", "us", "ps", "ys"],
+                        output_names=["oi"], source=body)
+    inputs, data = simd_inputs(n, device)
+    oi = launch(k, device, inputs, [(n, len(QUAD_INT))], [torch.int64], (n, 1, 1), (group, 1, 1))[0]
+    check_rows(oi, group_model(data, windows_1d(n, group, 4), QUAD_INT, n), QUAD_INT)
+
+
+EARLY = [
+    ("simd_sum(x)", lambda L: sum(L.values("x"))),
+    ("simd_is_first()", lambda L: int(L.lane == L.active[0])),
+    ("static_cast<uint64_t>(simd_ballot(x > 0))", lambda L: L.ballot(lambda x: x > 0)),
+    ("static_cast<uint64_t>(simd_active_threads_mask())", lambda L: L.ballot(lambda x: True)),
+    ("simd_broadcast_first(x)", lambda L: L.at("x", L.active[0])),
+    ("simd_prefix_exclusive_sum(x)", lambda L: sum(L.values("x", L.lane, False))),
+    ("simd_prefix_inclusive_sum(x)", lambda L: sum(L.values("x", L.lane))),
+    ("simd_min(x)", lambda L: min(L.values("x"))),
+    ("simd_max(x)", lambda L: max(L.values("x"))),
+    ("simd_product(p)", lambda L: _prod(L.values("p"))),
+    ("simd_all(x > -45)", lambda L: int(all(x > -45 for x in L.values("x")))),
+    ("simd_any(x > 40)", lambda L: int(any(x > 40 for x in L.values("x")))),
+    ("simd_ballot(x != 0).all()", lambda L: int(all(x != 0 for x in L.values("x")))),
+]
+QUAD_EARLY = [
+    ("quad_sum(x)", lambda L: sum(L.values("x"))),
+    ("quad_is_first()", lambda L: int(L.lane == L.active[0])),
+    ("quad_broadcast_first(x)", lambda L: L.at("x", L.active[0])),
+    ("static_cast<ushort>(quad_ballot(x > 0))", lambda L: L.ballot(lambda x: x > 0)),
+]
+KEEP = {
+    0: lambda x, lane: lane < 20,
+    1: lambda x, lane: lane >= 5 and lane % 3 != 1,
+    2: lambda x, lane: x % 2 == 0,               # data-dependent
+}
+
+
+@pytest.mark.parametrize("mode", list(KEEP), ids=["lanes-below-20", "holes", "odd-values-return"])
+def test_simd_active_lanes_after_early_return(device, mode):
+    cols = EARLY + QUAD_EARLY
+    prelude = SIMD_PRELUDE + f"""
+    for (int c = 0; c < {len(cols)}; ++c) oi[i * {len(cols)} + c] = -7;
+    bool keep = mode == 0 ? lane < 20 : mode == 1 ? (lane >= 5 && lane % 3 != 1) : (x % 2 == 0);
+    if (!keep) return;
+"""
+    body = columns_body(prelude, "oi", [e for e, _ in cols])
+    k = kk.metal_kernel(name="simd_early_return", input_names=["xs", "us", "ps", "ys", "mode"],
+                        output_names=["oi"], source=body)
+    n, group = 200, 96  # partial groups too: 96 = 32 * 3, last group of 8
+    inputs, data = simd_inputs(n, device)
+    oi = launch(k, device, inputs + [mode], [(n, len(cols))], [torch.int64], (n, 1, 1), (group, 1, 1))[0]
+
+    def keep(i, lane):
+        return KEEP[mode](data["x"][i], lane)
+
+    simd = group_model(data, windows_1d(n, group, 32, keep), EARLY, n)
+    quad = group_model(data, windows_1d(n, group, 4, keep), QUAD_EARLY, n)
+    expected = []
+    for i in range(n):
+        lane = (i % group) % 32
+        expected.append(simd[i] + quad[i] if keep(i, lane) else [-7] * len(cols))
+    check_rows(oi, expected, cols)
+
+
+# ---------------------------------------------------------------------------------------------
+# elem_to_loc and ceildiv
+
+
+def _strided(layout, device):
+    if layout == "2d-transposed":
+        return torch.randn(9, 7, device=device).t()
+    if layout == "3d-permuted":
+        return torch.randn(4, 5, 6, device=device).permute(2, 0, 1)
+    if layout == "4d-sliced":
+        return torch.randn(3, 5, 8, 12, device=device)[:, 1:, ::2, 3:11:2].permute(0, 2, 1, 3)
+    if layout == "3d-broadcast":
+        return torch.randn(5, 1, 7, device=device).expand(5, 4, 7)
+    raise ValueError(layout)
+
+
+@pytest.mark.parametrize("layout", ["2d-transposed", "3d-permuted", "4d-sliced", "3d-broadcast"])
+def test_elem_to_loc(device, layout):
+    body = """
+    uint3 p = thread_position_in_grid;
+    uint3 grid = threads_per_grid;
+    uint elem = (p.z * grid.y + p.y) * grid.x + p.x;
+    // the element-index overloads
+    o_uint[elem] = inp[elem_to_loc(elem, inp_shape, inp_strides, inp_ndim)];
+    int64_t elem64 = elem;
+    o_int64[elem] = inp[elem_to_loc(elem64, inp_shape, inp_strides, inp_ndim)];
+    // the thread-position overload: x, y index the last two dims, z the others
+    o_pos[elem] = inp[elem_to_loc(p, inp_shape, inp_strides, inp_ndim)];
+    // fixed-dimension helpers
+    if (NDIM == 2) {
+        o_fixed[elem] = inp[elem_to_loc_2(p.xy, inp_strides)];
+    } else if (NDIM == 3) {
+        o_fixed[elem] = inp[elem_to_loc_3(p, inp_strides)];
+    } else {
+        o_fixed[elem] = inp[elem_to_loc(p, inp_shape, inp_strides, inp_ndim)];
+    }
+    // two arrays of one shape, one walk
+    auto loc = elem_to_loc_2_nd(p, inp_shape, inp_strides, other_strides, inp_ndim);
+    o_pair[elem] = inp[loc.x] + 10.0f * other[loc.y];
+"""
+    k = kk.metal_kernel(name="elem_to_loc", input_names=["inp", "other"],
+                        output_names=["o_uint", "o_int64", "o_pos", "o_fixed", "o_pair"], source=body,
+                        ensure_row_contiguous=False)
+    x = _strided(layout, device)
+    other = torch.randn(*reversed(x.shape), device=device).permute(*reversed(range(x.dim())))
+    assert not x.is_contiguous() and not other.is_contiguous()
+    shape = tuple(x.shape)
+    rest = math.prod(shape[:-2])
+    outs = launch(k, device, [x, other], [shape] * 5, [torch.float32] * 5, (shape[-1], shape[-2], rest),
+                  (8, 4, 2), template=[("NDIM", x.dim())])
+    for name, out in zip(["o_uint", "o_int64", "o_pos", "o_fixed"], outs[:4]):
+        assert torch.equal(out.cpu(), x.cpu()), name
+    torch.testing.assert_close(outs[4].cpu(), x.cpu() + 10 * other.cpu())
+
+
+def test_ceildiv(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    out[i * 3 + 0] = ceildiv(a[i], b[i]);
+    out[i * 3 + 1] = ceildiv(uint(a[i]), 32u);
+    out[i * 3 + 2] = ceildiv(int64_t(a[i]) << 20, int64_t(b[i]));
+"""
+    k = kk.metal_kernel(name="ceildiv", input_names=["a", "b"], output_names=["out"], source=body)
+    n = 300
+    a = rand_int(0, 5000, n, device)
+    b = rand_int(1, 70, n, device)
+    a[:3] = torch.tensor([0, 32, 33], dtype=torch.int32)
+    out = launch(k, device, [a, b], [(n, 3)], [torch.int64], (n, 1, 1), (128, 1, 1))[0]
+    ref = [[-(-x // y), -(-x // 32), -(-(x << 20) // y)] for x, y in zip(a.cpu().tolist(), b.cpu().tolist())]
+    assert out.cpu().tolist() == ref
