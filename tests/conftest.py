@@ -41,7 +41,7 @@ def _compile_every_kernel_for_sm90():
         source = codegen.generate(self.dialect, "cuda", self.name, variant.signature,
                                   self._lowered_header, self._lowered_body, self.math_mode,
                                   self.uses_sync)
-        CACHE.get(key_of(source, self.math_mode, "sm_90", cuda.nvrtc_version()), ".cubin", source,
+        CACHE.get(key_of(source, self.math_mode, "sm_90", cuda.nvrtc_identity()), ".cubin", source,
                   lambda: cuda.compile_source(source, "sm_90", self.math_mode))
         return variant
 

@@ -8,7 +8,23 @@
 
 __version__ = "0.1.0"
 
+import os as _os  # noqa: E402
+
 from .errors import CompileError, KernelLaunchError  # noqa: E402
+
+
+def _load_gpu_bindings() -> None:
+    """Where an NVIDIA driver is installed, load NVIDIA's driver bindings with kernelkit
+    (about 20 ms) rather than inside the first kernel call."""
+    if _os.path.exists("/dev/nvidiactl"):
+        try:
+            from .backends.cuda import _driver
+            _driver()
+        except Exception:  # a broken CUDA install shows up, clearly, at the first CUDA call
+            pass
+
+
+_load_gpu_bindings()
 
 
 def metal_kernel(name, input_names, output_names, source, header="", ensure_row_contiguous=True,

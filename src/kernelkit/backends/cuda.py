@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -35,14 +36,22 @@ class CudaUnavailable(RuntimeError):
 
 
 @functools.lru_cache(maxsize=None)
-def _bindings():
+def _driver():
     try:
-        from cuda.bindings import driver, nvrtc
+        from cuda.bindings import driver
     except ImportError as e:  # pragma: no cover - depends on the install
         raise CudaUnavailable(
             "NVIDIA's Python bindings are missing (pip install cuda-bindings); "
             "the CPU backend is available") from e
-    return driver, nvrtc
+    return driver
+
+
+@functools.lru_cache(maxsize=None)
+def _nvrtc():
+    """NVRTC's bindings: imported only to compile (the import finds and loads libnvrtc)."""
+    _driver()
+    from cuda.bindings import nvrtc
+    return nvrtc
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,25 +77,43 @@ def _check(result, what: str):
     """Unpack a cuda-bindings result tuple, raising with the driver's or NVRTC's error name."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        driver, nvrtc = _bindings()
-        if isinstance(err, nvrtc.nvrtcResult):
-            name = nvrtc.nvrtcGetErrorString(err)[1].decode()
+        if type(err).__name__ == "nvrtcResult":
+            name = _nvrtc().nvrtcGetErrorString(err)[1].decode()
         else:
-            name = driver.cuGetErrorName(err)[1]
+            name = _driver().cuGetErrorName(err)[1]
             name = name.decode() if name else str(err)
         raise KernelLaunchError(f"{what} failed: {name}")
     return values[0] if len(values) == 1 else values
 
 
+@functools.lru_cache(maxsize=None)
+def nvrtc_identity() -> str:
+    """Which NVRTC compiles, for cache keys, without loading it when a wheel says which.
+
+    NVIDIA's bindings take NVRTC from its wheel first (cuda-pathfinder's search order);
+    the wheel's dist-info names its version. Loading NVRTC to ask it costs a fresh
+    process tens of milliseconds, which a cached kernel's first call should not pay.
+    """
+    for path in sys.path:
+        try:
+            wheels = sorted(n for n in os.listdir(path or ".")
+                            if n.startswith("nvidia_cuda_nvrtc") and n.endswith(".dist-info"))
+        except OSError:
+            continue
+        if wheels:
+            return "+".join(wheels)
+    return nvrtc_version()
+
+
 def nvrtc_version() -> str:
-    _, nvrtc = _bindings()
+    nvrtc = _nvrtc()
     major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
     return f"nvrtc-{major}.{minor}"
 
 
 def compile_source(source: str, arch: str, math_mode: str, extra: tuple[str, ...] = ()) -> bytes:
     """CUDA C++ -> cubin for `arch` (e.g. "sm_90")."""
-    _, nvrtc = _bindings()
+    nvrtc = _nvrtc()
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
     try:
         opts = [f"-arch={arch}", "-std=c++17", "-default-device", f"-I{INCLUDE}",
@@ -104,7 +131,7 @@ def compile_source(source: str, arch: str, math_mode: str, extra: tuple[str, ...
 
 
 def _log(prog) -> str:
-    _, nvrtc = _bindings()
+    nvrtc = _nvrtc()
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
     log = b" " * size
     _check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
@@ -118,7 +145,7 @@ class Device:
     _lock = threading.Lock()
 
     def __init__(self, index: int):
-        driver, _ = _bindings()
+        driver = _driver()
         _check(driver.cuInit(0), "cuInit")
         self.index = index
         self.handle = _check(driver.cuDeviceGet(index), "cuDeviceGet")
@@ -152,7 +179,7 @@ class Device:
 
     def load(self, cubin: bytes):
         """A CUfunction of the cubin's `kk_entry`, loaded into this device's primary context."""
-        driver, _ = _bindings()
+        driver = _driver()
         with self.current():
             module = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
             func = _check(driver.cuModuleGetFunction(module, b"kk_entry"), "cuModuleGetFunction")
@@ -162,7 +189,7 @@ class Device:
         return _ContextGuard(self)
 
     def set_max_dynamic_shared(self, func, nbytes: int) -> None:
-        driver, _ = _bindings()
+        driver = _driver()
         _check(driver.cuFuncSetAttribute(
             func, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
             "cuFuncSetAttribute")
@@ -182,7 +209,7 @@ class _ContextGuard:
         self.pushed = False
 
     def __enter__(self):
-        driver, _ = _bindings()
+        driver = _driver()
         current = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if int(current) != self.device._context_int:
             _check(driver.cuCtxPushCurrent(self.device.context), "cuCtxPushCurrent")
@@ -191,13 +218,13 @@ class _ContextGuard:
 
     def __exit__(self, *exc):
         if self.pushed:
-            driver, _ = _bindings()
+            driver = _driver()
             _check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
         return False
 
 
 def launch(device: Device, func, blocks, threads, shared: int, stream: int, params_address: int) -> None:
-    driver, _ = _bindings()
+    driver = _driver()
     with device.current():
         err, = driver.cuLaunchKernel(func, *blocks, *threads, shared, stream, params_address, 0)
     if int(err) != 0:
@@ -225,7 +252,7 @@ class CudaBackend:
               header: str, block_size: int):
         from ..cache import CACHE, key_of
         dev = Device.get(device.index)
-        key = key_of(source, math_mode, dev.arch, nvrtc_version())
+        key = key_of(source, math_mode, dev.arch, nvrtc_identity())
 
         def compile_():
             try:

@@ -1,0 +1,71 @@
+"""Where a call runs (SPEC §1): on the inputs' device and the current stream of that device."""
+
+import pytest
+import torch
+
+import kernelkit as kk
+
+HAS_TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+BODY = "uint i = thread_position_in_grid.x; out[i] = a[i] * 2 + 1;"
+
+
+def _kernel():
+    return kk.metal_kernel(name="twice_plus_one", input_names=["a"], output_names=["out"], source=BODY)
+
+
+def _call(k, a, **kw):
+    return k(inputs=[a], grid=(a.numel(), 1, 1), threadgroup=(128, 1, 1), output_shapes=[a.shape],
+             output_dtypes=[a.dtype], **kw)[0]
+
+
+def test_no_array_input_runs_on_the_stream_argument(device):
+    k = kk.metal_kernel(name="iota", input_names=[], output_names=["out"],
+                        source="out[thread_position_in_grid.x] = thread_position_in_grid.x;")
+    out = k(inputs=[], grid=(10, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(10,)],
+            output_dtypes=[torch.int32], stream=device)[0]
+    assert out.device.type == device.type
+    assert out.tolist() == list(range(10))
+
+
+def test_stream_on_another_device_than_the_inputs_is_an_error():
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    with pytest.raises(ValueError, match="stream is on cuda:0 but the array inputs are on cpu"):
+        _call(_kernel(), torch.zeros(4), stream=torch.device("cuda:0"))
+
+
+@pytest.mark.gpu
+def test_runs_on_a_side_stream_without_host_sync():
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    k = _kernel()
+    a = torch.randn(1 << 20, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = _call(k, a)  # the current stream is `side`
+    explicit = _call(k, a, stream=side)
+    side.synchronize()
+    torch.testing.assert_close(out, a * 2 + 1)
+    torch.testing.assert_close(explicit, a * 2 + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TWO_GPUS, reason="needs two NVIDIA GPUs")
+def test_inputs_on_cuda_1_run_on_cuda_1():
+    k = _kernel()
+    torch.cuda.set_device(0)
+    a1 = torch.randn(4096, device="cuda:1")
+    a0 = torch.randn(4096, device="cuda:0")
+    out1 = _call(k, a1)
+    out0 = _call(k, a0)
+    assert out1.device == torch.device("cuda:1") and out0.device == torch.device("cuda:0")
+    torch.testing.assert_close(out1, a1 * 2 + 1)
+    torch.testing.assert_close(out0, a0 * 2 + 1)
+    assert torch.cuda.current_device() == 0  # the launch on cuda:1 left the current device alone
+    with torch.cuda.device(1):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            out_s = _call(k, a1)
+        s.synchronize()
+    torch.testing.assert_close(out_s, a1 * 2 + 1)
