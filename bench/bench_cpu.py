@@ -61,7 +61,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
-    from kernelkit.ops import exp, grid_sample, grid_sample_vjp
+    from kernelkit.ops import exp, grid_sample_seed as grid_sample, grid_sample_vjp
     from kernelkit.ops.grid_sample import grid_sample_reference
 
     torch.manual_seed(0)

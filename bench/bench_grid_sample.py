@@ -108,7 +108,7 @@ COLD_SCRIPT = textwrap.dedent("""
     g = torch.rand(1, 16, 16, 2, device="cuda") * 2 - 1
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    from kernelkit.ops import grid_sample
+    from kernelkit.ops import grid_sample_seed as grid_sample
     t1 = time.perf_counter()
     grid_sample(x, g)
     t2 = time.perf_counter()
@@ -157,7 +157,7 @@ def main():
     args = ap.parse_args()
     import cupy
 
-    from kernelkit.ops import grid_sample, grid_sample_vjp
+    from kernelkit.ops import grid_sample_seed as grid_sample, grid_sample_vjp
     from kernelkit.ops.grid_sample import grid_sample_reference
 
     torch.manual_seed(0)

@@ -41,8 +41,9 @@ def _compile_every_kernel_for_sm90():
         source = codegen.generate(self.dialect, "cuda", self.name, variant.signature,
                                   self._lowered_header, self._lowered_body, self.math_mode,
                                   self.uses_sync)
-        CACHE.get(key_of(source, self.math_mode, "sm_90", cuda.nvrtc_identity()), ".cubin", source,
-                  lambda: cuda.compile_source(source, "sm_90", self.math_mode))
+        flags = tuple(self.dialect.compile_flags("cuda", self.math_mode))
+        CACHE.get(key_of(source, self.math_mode, *flags, "sm_90", cuda.nvrtc_identity()), ".cubin",
+                  source, lambda: cuda.compile_source(source, "sm_90", self.math_mode, flags))
         return variant
 
     Kernel._build = build

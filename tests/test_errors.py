@@ -119,3 +119,15 @@ T twice(T x) { return x * 2 + missing_symbol; }
     with pytest.raises(kk.CompileError, match=r"header line 3: T twice\(T x\)"):
         k(inputs=[torch.zeros(4, device=device)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
           output_shapes=[(4,)], output_dtypes=[torch.float32])
+
+
+def test_missing_cxx_compiler_is_a_clear_error(monkeypatch):
+    from kernelkit.backends import cpu
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    cpu.compiler.cache_clear()
+    try:
+        with pytest.raises(cpu.CompilerNotFound, match="no C\\+\\+ compiler found.*install g\\+\\+"):
+            cpu.compiler()
+    finally:
+        monkeypatch.undo()
+        cpu.compiler.cache_clear()

@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 import os as _os  # noqa: E402
 
+from .autodiff import custom_function  # noqa: E402
 from .errors import CompileError, KernelLaunchError  # noqa: E402
 
 
@@ -36,4 +37,14 @@ def metal_kernel(name, input_names, output_names, source, header="", ensure_row_
                   atomic_outputs, compile_options)
 
 
-__all__ = ["metal_kernel", "CompileError", "KernelLaunchError", "__version__"]
+def cuda_kernel(name, input_names, output_names, source, header="", ensure_row_contiguous=True,
+                shared_memory=0, compile_options=None):
+    """A kernel from a CUDA C++ body, as MLX's `mx.fast.cuda_kernel`; the same call as
+    metal_kernel's (`grid` counts threads). `shared_memory`: dynamic shared memory in bytes."""
+    from .dialects import cuda
+    from .kernel import Kernel
+    return Kernel(cuda, name, input_names, output_names, source, header, ensure_row_contiguous,
+                  False, compile_options, shared_memory)
+
+
+__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "CompileError", "KernelLaunchError", "__version__"]

@@ -31,7 +31,7 @@ def _time(fn, device, repeat: int) -> float:
 def demo(args) -> int:
     import torch
 
-    from .ops import exp, exp_strided, grid_sample, grid_sample_vjp
+    from .ops import exp, exp_strided, grid_sample_seed as grid_sample, grid_sample_vjp
     from .ops.grid_sample import grid_sample_reference
 
     device = torch.device(args.device) if args.device else _best_device()

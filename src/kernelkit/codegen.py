@@ -1,25 +1,23 @@
 """One translation unit from a signature, a dialect front end and a target.
 
-The shape is the same for every dialect and target (DESIGN.md): prelude,
-the user's header and the body function inside the dialect's namespace, the
-argument block (its layout checked against signature.py's by static_assert),
-and the target's entry, which turns the target's thread ids into a
-kk_thread_ctx and calls the body function.
+The frame is the same for every dialect and target (DESIGN.md): prelude, the
+dialect's part (the user's header and the kernel function), the argument block
+(its layout checked against signature.py's by static_assert), `kk_call`, which
+passes the block's fields to the kernel function, and the target's entry, which
+turns the target's thread ids into a kk_thread_ctx and calls `kk_call`.
 """
 
 from __future__ import annotations
 
-from .signature import Signature, render_template_value
+from .signature import Signature
 
 MATH_MACROS = {"safe": "KK_MATH_SAFE", "relaxed": "KK_MATH_RELAXED", "fast": "KK_MATH_FAST"}
+# The header that defines each target's entry machinery.
+_ENTRY_HEADER = {"cuda": "kernelkit/entry_cuda.h", "cpu": "kernelkit/cpu_group.h"}
 
 
 def function_name(name: str) -> str:
     return f"custom_kernel_{name}"
-
-
-# The header that defines each target's entry machinery.
-_ENTRY_HEADER = {"cuda": "kernelkit/entry_cuda.h", "cpu": "kernelkit/cpu_group.h"}
 
 
 def generate(dialect, target: str, name: str, sig: Signature, header: str, body: str,
@@ -29,43 +27,33 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
     fn = function_name(name)
     out = [f"#define KK_TARGET_{target.upper()} 1",
            f"#define {MATH_MACROS[math_mode]} 1",
+           *dialect.defines(header, body),
            f"#include <{dialect.PRELUDE}>"]
-    out += [f"#include <{h}>" for h in dialect.ENTRY_PRELUDES]
     if target == "cpu":  # threads of a group as fibers, or as a plain loop
         out.append(f"#define KK_CPU_SYNC {int(uses_sync)}")
     out.append(f"#include <{_ENTRY_HEADER[target]}>")
-    out.append(f"namespace {ns} {{")
-    out.append('#line 1 "header"')
-    out.append(header)
-    if sig.template:
-        out.append('#line 1 "kernelkit-generated"')
-        out.append("template <" + ", ".join(dialect.template_param(n, v) for n, v in sig.template) + ">")
-    params = ",\n    ".join(dialect.param_decl(p) for p in sig.params)
-    out.append(f"KK_FN void {fn}(\n    {params}) {{")
-    out.append('#line 1 "body"')
-    out.append(body)
-    out.append("}")
+    out += dialect.open_unit(header, body)
+    out += dialect.kernel_function(fn, sig, body)
     out.append('#line 1 "kernelkit-generated"')
-    out.append(_argument_block(sig))
-    targs = ""
-    if sig.template:
-        targs = "<" + ", ".join(render_template_value(v) for _, v in sig.template) + ">"
+    out.append(_argument_block(sig, dialect.type_name))
     args = ", ".join(dialect.call_arg(p) for p in sig.params)
-    # Called from the target's entry; inside the namespace, so template values name its types.
     out.append(f"KK_FN void kk_call(const kk_args& a, const kk_thread_ctx& t) {{\n"
-               f"  {fn}{targs}({args});\n}}")
+               f"  {dialect.CALL_PROLOGUE}{dialect.call_target(fn, sig)}({args});\n}}")
     out.append(f"}}  // namespace {ns}")
-    out.append(_ENTRY[target].format(call=f"{ns}::kk_call(a, t);", args=f"{ns}::kk_args"))
+    out.append(_ENTRY[target].format(ns=ns))
     return "\n".join(out) + "\n"
 
 
-def _argument_block(sig: Signature) -> str:
+_FIELD_TYPES = {"int": "int", "int64": "int64_t", "dim3": "kk_dim3", "unsigned": "unsigned"}
+
+
+def _argument_block(sig: Signature, type_name) -> str:
     lines = ["struct kk_args {"]
     for f in sig.fields:
-        if f.name == "kk_grid":
-            lines.append("  kk_dim3 kk_grid;")
-        else:
-            lines.append(f"  {f.ctype} {f.name}" + (f"[{f.count}];" if f.count > 1 else ";"))
+        ctype = {"pointer": lambda: type_name(f.dtype) + "*", "value": lambda: type_name(f.dtype)}.get(
+            f.kind, lambda: _FIELD_TYPES[f.kind])()
+        count = 1 if f.kind == "dim3" else f.count
+        lines.append(f"  {ctype} {f.name}" + (f"[{count}];" if count > 1 else ";"))
     lines.append("};")
     # The Python side packs this block from signature.py's layout: check that the compiler agrees
     # (field offsets where the compiler has __builtin_offsetof: not every NVRTC does).
@@ -78,13 +66,13 @@ def _argument_block(sig: Signature) -> str:
 
 
 _ENTRY = {
-    "cuda": """extern "C" __global__ void kk_entry(const {args} a) {{
+    "cuda": """extern "C" __global__ void kk_entry(const {ns}::kk_args a) {{
   kk_thread_ctx t;
   if (!kk::cuda_thread_ctx(a.kk_grid, t)) return;
-  {call}
+  {ns}::kk_call(a, t);
 }}""",
-    "cpu": """static inline void kk_thread_body(const {args}& a, const kk_thread_ctx& t) {{
-  {call}
+    "cpu": """static inline void kk_thread_body(const {ns}::kk_args& a, const kk_thread_ctx& t) {{
+  {ns}::kk_call(a, t);
 }}
-KK_CPU_ENTRY({args}, kk_thread_body)""",
+KK_CPU_ENTRY({ns}::kk_args, kk_thread_body)""",
 }

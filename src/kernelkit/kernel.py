@@ -57,8 +57,8 @@ class Kernel:
                              f"got {shared_memory!r}.")
         self.shared_memory = shared_memory
         self._lowered_header, self._lowered_body = dialect.front_end(header, source)
-        self._uses = identifiers(source)
-        self.uses_sync = dialect.uses_sync(self._uses | identifiers(header))
+        self._uses = dialect.mentions(source)
+        self.uses_sync = dialect.uses_sync(identifiers(source) | identifiers(header))
         self._variants: dict[tuple, Variant] = {}
         self._checked: dict[tuple, object] = {}  # call arguments already validated
 
@@ -219,8 +219,9 @@ class Kernel:
                                   self._lowered_header, self._lowered_body, self.math_mode,
                                   self.uses_sync)
         context = f"[{self.caller}] kernel {self.name!r}"
-        program = backend.build(source, device, self.math_mode, self.uses_sync, context,
-                                self.source, self.header, sig.block.size)
+        program = backend.build(source, device, self.math_mode,
+                                tuple(self.dialect.compile_flags(backend.target, self.math_mode)),
+                                self.uses_sync, context, self.source, self.header, sig.block.size)
         variant = Variant(sig, source, program)
         self._variants[key] = variant
         return variant
@@ -242,6 +243,7 @@ class Kernel:
             elif p.role == "ndim":
                 values.append(tensors[p.index].dim())
         values += grid
+        values.append(self.shared_memory)
         return values
 
     def _print(self, variant: Variant) -> None:

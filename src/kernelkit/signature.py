@@ -67,12 +67,13 @@ class InputSpec(NamedTuple):
 class Param:
     name: str
     role: str  # input | output | shape | strides | ndim | attribute
-    ctype: str
+    dtype: DType | None = None  # element type of inputs and outputs (the dialect spells it)
     index: int = 0  # position among inputs/outputs; for shape/strides/ndim: the input's
     scalar: bool = False
     by_value: bool = False
     atomic: bool = False
     capacity: int = 0
+    attribute_type: str = ""  # "uint3" or "uint", for attributes
 
 
 @dataclass(frozen=True)
@@ -80,14 +81,12 @@ class Field:
     """One field of the argument block, laid out as a C compiler lays out a struct."""
 
     name: str
-    ctype: str
+    kind: str  # pointer | value (of dtype) | int | int64 | dim3 | unsigned
+    dtype: DType | None
     code: str  # struct format code of one element
     count: int
     size: int  # of one element
     offset: int
-
-
-_POINTER = ("Q", 8)
 
 
 class Signature:
@@ -96,51 +95,51 @@ class Signature:
         self.template = template
         params: list[Param] = []
         for i, (name, spec) in enumerate(inputs):
-            params.append(Param(name, "input", spec.dtype.ctype, i, spec.scalar, spec.by_value))
+            params.append(Param(name, "input", spec.dtype, i, spec.scalar, spec.by_value))
             if spec.scalar:
                 continue
             cap = spec.ndim_capacity
             if f"{name}_shape" in uses:
-                params.append(Param(f"{name}_shape", "shape", "int", i, capacity=cap))
+                params.append(Param(f"{name}_shape", "shape", index=i, capacity=cap))
             if f"{name}_strides" in uses:
-                params.append(Param(f"{name}_strides", "strides", "int64_t", i, capacity=cap))
+                params.append(Param(f"{name}_strides", "strides", index=i, capacity=cap))
             if f"{name}_ndim" in uses:
-                params.append(Param(f"{name}_ndim", "ndim", "int", i))
+                params.append(Param(f"{name}_ndim", "ndim", index=i))
         for i, (name, dtype) in enumerate(outputs):
-            params.append(Param(name, "output", dtype.ctype, i, atomic=atomic_outputs))
+            params.append(Param(name, "output", dtype, i, atomic=atomic_outputs))
         for name, ctype in ATTRIBUTES.items():
             if name in uses:
-                params.append(Param(name, "attribute", ctype))
+                params.append(Param(name, "attribute", attribute_type=ctype))
         self.params = params
-        self.fields = self._layout(inputs)
+        self.fields = self._layout()
         self.block = struct.Struct("<" + "".join(
             _pad(prev, f) + (f"{f.count}{f.code}" if f.count > 1 else f.code)
             for prev, f in zip([None] + self.fields[:-1], self.fields)) + _tail(self.fields))
 
-    def _layout(self, inputs) -> list[Field]:
+    def _layout(self) -> list[Field]:
         fields, offset = [], 0
 
-        def add(name, ctype, code, size, count=1):
+        def add(name, kind, dtype, code, size, count=1):
             nonlocal offset
             offset = -(-offset // size) * size  # natural alignment of the element
-            fields.append(Field(name, ctype, code, count, size, offset))
+            fields.append(Field(name, kind, dtype, code, count, size, offset))
             offset += size * count
 
         for p in self.params:
             if p.role == "attribute":
                 continue
             if p.role == "input" and p.by_value:
-                dt = inputs[p.index][1].dtype
-                add(p.name, p.ctype, dt.struct_code, dt.itemsize)
+                add(p.name, "value", p.dtype, p.dtype.struct_code, p.dtype.itemsize)
             elif p.role in ("input", "output"):
-                add(p.name, p.ctype + "*", *_POINTER)
+                add(p.name, "pointer", p.dtype, "Q", 8)
             elif p.role == "shape":
-                add(p.name, "int", "i", 4, p.capacity)
+                add(p.name, "int", None, "i", 4, p.capacity)
             elif p.role == "strides":
-                add(p.name, "int64_t", "q", 8, p.capacity)
+                add(p.name, "int64", None, "q", 8, p.capacity)
             elif p.role == "ndim":
-                add(p.name, "int", "i", 4)
-        add("kk_grid", "unsigned", "I", 4, 3)
+                add(p.name, "int", None, "i", 4)
+        add("kk_grid", "dim3", None, "I", 4, 3)  # Metal's grid, in threads
+        add("kk_shared", "unsigned", None, "I", 4)  # dynamic shared memory, bytes
         return fields
 
     @property
@@ -192,9 +191,9 @@ def template_args(template, param_names: set[str], caller: str) -> list[tuple[st
     return out
 
 
-def render_template_value(value) -> str:
+def render_template_value(value, type_name) -> str:
     if isinstance(value, DType):
-        return value.ctype
+        return type_name(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

@@ -110,14 +110,14 @@ class CpuBackend:
             raise ValueError(f"[{caller}] threadgroup {group} has {threads} threads; at most "
                              f"{MAX_THREADS_PER_GROUP} are allowed.")
 
-    def build(self, source: str, device, math_mode: str, uses_sync: bool, context: str, body: str,
-              header: str, block_size: int):
+    def build(self, source: str, device, math_mode: str, flags: tuple[str, ...], uses_sync: bool,
+              context: str, body: str, header: str, block_size: int):
         self.runtime()
-        key = key_of(source, math_mode, platform.machine(), compiler()[1])
+        key = key_of(source, math_mode, *flags, platform.machine(), compiler()[1])
 
         def compile_():
             try:
-                return compile_source(source, math_mode)
+                return compile_source(source, math_mode, flags)
             except CompileError as e:
                 raise e.with_context(context, body, header) from None
 

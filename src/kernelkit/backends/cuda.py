@@ -58,18 +58,22 @@ def _nvrtc():
 def cuda_include_dirs() -> tuple[str, ...]:
     """CUDA's headers (cuda_fp16.h, ...): NVIDIA's wheels first, else CUDA_HOME."""
     dirs = []
-    try:
-        from cuda.pathfinder import find_nvidia_header_directory
-        found = find_nvidia_header_directory("cudart")
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    for name in ("cudart", "cccl"):  # cuda_fp16.h...; cuda/std/*, needed by cooperative_groups
+        found = None
+        try:
+            from cuda.pathfinder import find_nvidia_header_directory
+            found = find_nvidia_header_directory(name)
+        except Exception:
+            pass
+        fallback = os.path.join(home, "include", *(("cccl",) if name == "cccl" else ()))
+        if not found and os.path.isdir(fallback):
+            found = fallback
         if found:
             dirs.append(found)
-    except Exception:
-        pass
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    if not dirs and os.path.isdir(os.path.join(home, "include")):
-        dirs.append(os.path.join(home, "include"))
     if not dirs:
-        raise CudaUnavailable("CUDA headers not found: pip install nvidia-cuda-runtime, or set CUDA_HOME")
+        raise CudaUnavailable("CUDA headers not found: pip install nvidia-cuda-runtime "
+                              "nvidia-cuda-cccl, or set CUDA_HOME")
     return tuple(dirs)
 
 
@@ -248,15 +252,15 @@ class CudaBackend:
             raise ValueError(f"[{caller}] shared_memory={shared} bytes exceeds the device's "
                              f"{dev.max_shared_optin} bytes per block.")
 
-    def build(self, source: str, device, math_mode: str, uses_sync: bool, context: str, body: str,
-              header: str, block_size: int):
+    def build(self, source: str, device, math_mode: str, flags: tuple[str, ...], uses_sync: bool,
+              context: str, body: str, header: str, block_size: int):
         from ..cache import CACHE, key_of
         dev = Device.get(device.index)
-        key = key_of(source, math_mode, dev.arch, nvrtc_identity())
+        key = key_of(source, math_mode, *flags, dev.arch, nvrtc_identity())
 
         def compile_():
             try:
-                return compile_source(source, dev.arch, math_mode)
+                return compile_source(source, dev.arch, math_mode, flags)
             except CompileError as e:
                 raise e.with_context(context, body, header) from None
 

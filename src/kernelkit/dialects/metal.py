@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import re
 
-from ..signature import Param
+from ..signature import Param, render_template_value
 from .tokens import Token, identifiers, tokenize, untokenize
 
 NAME = "metal_kernel"
 PRELUDE = "kernelkit/metal.h"
-ENTRY_PRELUDES = ["kernelkit/metal_attributes.h"]
 NAMESPACE = "metal"
 DEFAULT_MATH_MODE = "fast"  # Metal compiles with fast math unless told otherwise
 
@@ -138,29 +137,66 @@ def member_names(source: str) -> set[str]:
 
 # --- rendering of the signature --------------------------------------------------------------
 
+CALL_PROLOGUE = ""
+
+
+def type_name(dtype) -> str:
+    return dtype.ctype  # MLX's Metal spelling: float16_t, bfloat16_t, float, int32_t...
+
+
+def defines(header: str, body: str) -> list[str]:
+    return []
+
+
+def compile_flags(target: str, math_mode: str) -> list[str]:
+    return []
+
+
+def open_unit(header: str, body: str) -> list[str]:
+    """The user's header goes inside namespace metal, where MSL's names hide the target's."""
+    return [f"namespace {NAMESPACE} {{", '#line 1 "header"', header]
+
+
+def kernel_function(fn: str, sig, body: str) -> list[str]:
+    lines = []
+    if sig.template:
+        lines += ['#line 1 "kernelkit-generated"',
+                  "template <" + ", ".join(template_param(n, v) for n, v in sig.template) + ">"]
+    params = ",\n    ".join(param_decl(p) for p in sig.params)
+    return lines + [f"KK_FN void {fn}(\n    {params}) {{", '#line 1 "body"', body, "}"]
+
+
+def call_target(fn: str, sig) -> str:
+    if not sig.template:
+        return fn
+    return fn + "<" + ", ".join(render_template_value(v, type_name) for _, v in sig.template) + ">"
+
+
 def param_decl(p: Param) -> str:
     """The C++ parameter of the body function (what the body sees)."""
+    t = type_name(p.dtype) if p.dtype else ""
     if p.role == "input":
-        return f"const {p.ctype}& {p.name}" if p.scalar else f"const {p.ctype}* {p.name}"
+        return f"const {t}& {p.name}" if p.scalar else f"const {t}* {p.name}"
     if p.role == "output":
-        return f"atomic<{p.ctype}>* {p.name}" if p.atomic else f"{p.ctype}* {p.name}"
+        return f"atomic<{t}>* {p.name}" if p.atomic else f"{t}* {p.name}"
     if p.role == "shape":
         return f"const int* {p.name}"
     if p.role == "strides":
         return f"const int64_t* {p.name}"
     if p.role == "ndim":
         return f"const int& {p.name}"
-    return f"const {p.ctype} {p.name}"
+    return f"const {p.attribute_type} {p.name}"
 
 
 def msl_param_decl(p: Param, buffer: int) -> str:
     """The same parameter as MLX writes it in Metal, for `verbose`."""
     if p.role == "attribute":
-        return f"{p.ctype} {p.name} [[{p.name}]]"
+        return f"{p.attribute_type} {p.name} [[{p.name}]]"
+    t = type_name(p.dtype) if p.dtype else ""
     if p.role == "input":
-        decl = f"const constant {p.ctype}& {p.name}" if p.scalar else f"const device {p.ctype}* {p.name}"
+        decl = f"const constant {t}& {p.name}" if p.scalar else f"const device {t}* {p.name}"
     elif p.role == "output":
-        decl = f"device atomic<{p.ctype}>* {p.name}" if p.atomic else f"device {p.ctype}* {p.name}"
+        decl = f"device atomic<{t}>* {p.name}" if p.atomic else f"device {t}* {p.name}"
     elif p.role == "shape":
         decl = f"const constant int* {p.name}"
     elif p.role == "strides":
@@ -171,13 +207,13 @@ def msl_param_decl(p: Param, buffer: int) -> str:
 
 
 def call_arg(p: Param) -> str:
-    """How the entry passes the argument-block field `a.<name>` to the body function."""
+    """How kk_call passes the argument-block field `a.<name>` to the body function."""
     if p.role == "attribute":
         return f"kk_attr::{p.name}(t)"
     if p.role == "input" and p.scalar and not p.by_value:
         return f"*a.{p.name}"
     if p.role == "output" and p.atomic:
-        return f"reinterpret_cast<{NAMESPACE}::atomic<{p.ctype}>*>(a.{p.name})"
+        return f"reinterpret_cast<atomic<{type_name(p.dtype)}>*>(a.{p.name})"
     return f"a.{p.name}"
 
 

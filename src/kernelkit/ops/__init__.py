@@ -1,6 +1,8 @@
 """The seeds' kernels as ops, each written with the public API, each with a plain-torch reference."""
 
-from .exp import exp, exp_strided
-from .grid_sample import grid_sample, grid_sample_vjp
+from .exp import exp, exp_reference, exp_strided
+from .grid_sample import grid_sample, grid_sample_seed, grid_sample_torch, grid_sample_vjp
+from .matmul_add_relu import matmul_add_relu, matmul_add_relu_reference
 
-__all__ = ["exp", "exp_strided", "grid_sample", "grid_sample_vjp"]
+__all__ = ["exp", "exp_strided", "exp_reference", "grid_sample", "grid_sample_vjp", "grid_sample_seed",
+           "grid_sample_torch", "matmul_add_relu", "matmul_add_relu_reference"]

@@ -35,6 +35,12 @@
 #include "metal/atomic.h"    // atomic<T>, atomic_fetch_add_explicit...
 #include "metal/simd.h"      // barriers, simd_*, quad_*
 #include "utils.h"           // elem_to_loc, ceildiv
+#include "metal_attributes.h"  // Metal's thread attributes from a kk_thread_ctx (for the entry)
+
+// Metal's compiler defines __FAST_MATH__ when fast math is on (its default); bodies may test it.
+#if defined(KK_MATH_FAST) && !defined(__FAST_MATH__)
+#define __FAST_MATH__ 1
+#endif
 
 // MLX's helper headers mark functions METAL_FUNC.
 #ifndef METAL_FUNC

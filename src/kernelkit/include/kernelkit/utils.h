@@ -4,18 +4,15 @@
 // Included by metal.h; the names live in namespace metal, like the rest of MSL.
 #pragma once
 
+#include "indexing.h"
+
 namespace metal {
 
 // Location of the elem-th element (row-major order) of an array with these
 // shape and strides. IdxT follows elem: a `uint elem` gives a uint offset.
 template <typename IdxT = int64_t>
 KK_FN IdxT elem_to_loc(IdxT elem, const int* shape, const int64_t* strides, int ndim) {
-  IdxT loc = 0;
-  for (int i = ndim - 1; i >= 0 && elem > 0; --i) {
-    loc += (elem % shape[i]) * IdxT(strides[i]);
-    elem /= shape[i];
-  }
-  return loc;
+  return kk::elem_to_loc(elem, shape, strides, ndim);
 }
 
 // A 3-D thread position: x and y index the last two dimensions, z the others.
@@ -75,10 +72,6 @@ KK_FN vec<IdxT, 3> elem_to_loc_3_nd(uint3 elem, const int* shape, const int64_t*
   return loc;
 }
 
-// ceil(N / M) for positive integers.
-template <typename T, typename U>
-KK_FN T ceildiv(T N, U M) {
-  return (N + M - 1) / M;
-}
+using kk::ceildiv;  // ceil(N / M) for positive integers
 
 }  // namespace metal

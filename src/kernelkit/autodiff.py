@@ -1,0 +1,374 @@
+"""`custom_function`: MLX's `mx.custom_function` on PyTorch.
+
+    @kk.custom_function
+    def f(x, y): ...                          # any torch code, typically kernelkit kernels
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs): ...   # -> one gradient per primal
+    @f.jvp
+    def f_jvp(primals, tangents): ...              # -> the output tangent(s)
+    @f.vmap
+    def f_vmap(inputs, axes): ...                  # -> (outputs, out_axes)
+
+A kernel is opaque to autograd, so a call goes through a `torch.autograd.Function`
+made for `f` (its `grad_fn` reads `fBackward`) whose backward, jvp and vmap
+staticmethods call the rules. That is the road both `torch.autograd`
+(`.backward()`, `autograd.grad`, `gradcheck`, forward AD) and `torch.func`
+(`grad`, `vjp`, `jvp`, `vmap`, `jacrev`...) take. Backward runs where autograd
+runs it: on the stream of the forward, with no sync here.
+
+The rules see what MLX's see:
+- `primals` / `inputs`: the positional arguments as a tuple, or the argument
+  itself when there is exactly one. Non-tensor arguments (Python numbers,
+  NumPy arrays, anything) are passed through unchanged and get no gradient;
+  arguments may be nested tuples/lists/dicts of them.
+- `cotangents` / `outputs`: shaped like f's return value: a single tensor
+  where f returns one, not a 1-tuple.
+- keyword arguments are passed to f and to every rule (`**kwargs`) as
+  constants: no gradient, no tangent, never batched. Differentiate through
+  positional arguments.
+- A vjp returns one gradient per positional argument (a single one where
+  there is one argument), shaped like `primals`; None for no gradient.
+- `tangents` mirrors `primals`: None for non-tensor arguments, zeros for a
+  tensor without a tangent (torch materializes them).
+- `axes` mirrors `inputs`: the batched axis of each tensor, or None. The
+  vmap rule returns `(outputs, out_axes)`; out_axes may be a single int/None
+  for every output.
+
+Choices where PyTorch and MLX differ:
+- Missing cotangents (an output the loss does not use) arrive as zeros, as in
+  MLX: autograd materializes them, so a vjp kernel always gets real tensors
+  (at the cost of a zero-filled tensor per unused output).
+- Outputs of integer or bool dtype are marked non-differentiable: they get no
+  gradient and their cotangent is zeros; their tangent is dropped.
+- A transform whose rule was not given raises NotImplementedError naming f
+  and the rule (MLX would instead trace through f, which a kernel does not
+  allow). Calling f without a transform never needs a rule.
+- Under `torch.func.grad`/`jvp` the vjp and jvp rules run one functorch level
+  down, on plain tensors, as the forward does, so kernels can read them. Their
+  results are still differentiable by outer transforms (grad of grad works),
+  but not again at that same level, which only matters when mixing
+  `torch.autograd.grad(create_graph=True)` inside a `torch.func` transform.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_LEAF = None  # the structure of a leaf (see _flatten)
+
+
+def _flatten(tree, leaves: list):
+    """Append the leaves of nested tuples/lists/dicts to `leaves`; return the structure.
+
+    Our own, rather than torch's private pytree: there, None is an empty node,
+    and MLX's rules use None as a leaf (no gradient, no tangent, no axis).
+    """
+    if isinstance(tree, (tuple, list)):
+        return type(tree), [_flatten(x, leaves) for x in tree]
+    if isinstance(tree, dict):
+        return dict, [(k, _flatten(v, leaves)) for k, v in tree.items()]
+    leaves.append(tree)
+    return _LEAF
+
+
+def _unflatten(spec, leaves):
+    return _build(spec, iter(leaves))
+
+
+def _build(spec, it):
+    if spec is _LEAF:
+        return next(it)
+    kind, children = spec
+    if kind is dict:
+        return {k: _build(c, it) for k, c in children}
+    items = [_build(c, it) for c in children]
+    return kind(*items) if hasattr(kind, "_fields") else kind(items)  # namedtuples take fields
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _missing(fun: "custom_function", rule: str, purpose: str) -> NotImplementedError:
+    name = fun.__name__
+    return NotImplementedError(f"[custom_function] {name} has no {rule} rule: define one with "
+                               f"@{name}.{rule} to {purpose}")
+
+
+class _Call:
+    """One call of a custom_function: what the autograd.Function needs beyond tensors.
+
+    It travels as the first (non-tensor) argument of `apply`, so the staticmethods know
+    which function they serve, and carries the output structure back to `__call__` from
+    whichever of forward or the vmap rule produced the outputs.
+    """
+
+    __slots__ = ("fun", "in_spec", "n_primal", "out_spec")
+
+    def __init__(self, fun, in_spec, n_primal):
+        self.fun, self.in_spec, self.n_primal, self.out_spec = fun, in_spec, n_primal, None
+
+    def arguments(self, leaves):
+        """(rule_args, kwargs): positional args as MLX hands them to rules, and the kwargs."""
+        args, kwargs = _unflatten(self.in_spec, leaves)
+        return (args[0] if len(args) == 1 else args), kwargs
+
+    def outputs(self, out, what: str) -> list:
+        flat = []
+        self.out_spec = _flatten(out, flat)
+        for o in flat:
+            if not isinstance(o, torch.Tensor):
+                raise TypeError(f"[custom_function] {self.fun.__name__}'s {what} must return a "
+                                f"tensor or a tuple/list/dict of tensors, got {type(o).__name__}.")
+        return flat
+
+
+def _grad_interpreter():
+    """The innermost live functorch interpreter if it is a grad or jvp one, else None."""
+    if not torch._C._are_functorch_transforms_active():
+        return None
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+    interpreter = retrieve_current_functorch_interpreter()
+    return interpreter if interpreter.key() in (TransformType.Grad, TransformType.Jvp) else None
+
+
+def _below_functorch(fun, what: str, rule, tensors: list) -> list:
+    """rule(tensors) -> list of tensors/None, run where a kernel can read the tensors.
+
+    Inside torch.func.grad/jvp, backward and jvp get tensors wrapped for that level (no
+    storage: a kernel cannot take their data_ptr). Like functorch does for forward, we
+    unwrap them, run the rule one level down and wrap its results. Wrappers of a level
+    that is gone (torch.func.vjp's vjp_fn called later) are simply unwrapped.
+    """
+    from torch._C._functorch import (_unwrap_for_grad, _wrap_for_grad, is_functorch_wrapped_tensor,
+                                     maybe_get_level, unwrap_if_dead)
+    tensors = [t if t is None else unwrap_if_dead(t) for t in tensors]
+    interpreter = _grad_interpreter()
+    level = None if interpreter is None else interpreter.level()
+    try:
+        if level is None or not any(t is not None and maybe_get_level(t) == level for t in tensors):
+            return rule(tensors)  # plain autograd, or nothing of this level here
+        tensors = [t if t is None else _unwrap_for_grad(t, level) for t in tensors]
+        with interpreter.lower():
+            results = rule(tensors)
+        return [r if r is None else _wrap_for_grad(r, level) for r in results]
+    except RuntimeError as e:
+        # What is still wrapped is batched by an outer vmap (jacrev, jacfwd, vmap of grad).
+        if "have storage" in str(e) and any(t is not None and is_functorch_wrapped_tensor(t)
+                                            for t in tensors):
+            raise RuntimeError(
+                f"[custom_function] {fun.__name__}'s {what} rule runs under torch.func.vmap "
+                "(vmap, jacrev, jacfwd...) and a kernel cannot read batched tensors: write the "
+                "rule with custom_functions that have vmap rules.") from e
+        raise
+
+
+class _Function(torch.autograd.Function):
+    """The autograd.Function behind every custom_function (subclassed per function for its name).
+
+    apply(call, *leaves): leaves are the flattened (args, kwargs), tensors or not; forward
+    returns the flat tuple of outputs. setup_context style, as torch.func requires.
+    """
+
+    generate_vmap_rule = False  # the vmap staticmethod below calls the user's rule
+
+    @staticmethod
+    def forward(call, *leaves):
+        args, kwargs = _unflatten(call.in_spec, leaves)
+        outs = call.outputs(call.fun._fun(*args, **kwargs), "forward")
+        # An input returned as-is cannot be saved for backward (setup_context style): a view can.
+        ins = {id(x) for x in leaves if isinstance(x, torch.Tensor)}
+        return tuple(o.view_as(o) if id(o) in ins else o for o in outs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        call, *leaves = inputs
+        ctx.call = call
+        # non-tensor leaves are kept as they are, tensors are saved below
+        ctx.leaves = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+        ctx.tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        tensors = [leaves[i] for i in ctx.tensor_at]
+        ctx.out_diff = [_differentiable(o) for o in output]
+        ctx.mark_non_differentiable(*[o for o, d in zip(output, ctx.out_diff) if not d])
+        # MLX's vjp gets primals and outputs, its jvp the primals: save exactly those.
+        ctx.save_for_backward(*tensors, *output)
+        ctx.save_for_forward(*tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call, n_in = ctx.call, len(ctx.tensor_at)
+        if call.fun._vjp is None:
+            raise _missing(call.fun, "vjp", "differentiate it")
+
+        def rule(tensors):
+            leaves = _with_tensors(ctx, tensors[:n_in])
+            primals, kwargs = call.arguments(leaves)
+            n_out = len(ctx.out_diff)
+            outputs = _unflatten(call.out_spec, tensors[n_in:n_in + n_out])
+            cotangents = _unflatten(call.out_spec, tensors[n_in + n_out:])
+            result = call.fun._vjp(primals, cotangents, outputs, **kwargs)
+            return _gradients(call, leaves, result)
+
+        grads = iter(_below_functorch(call.fun, "vjp", rule, [*ctx.saved_tensors, *grads]))
+        # one gradient per argument of apply: None for `call` and the non-tensor leaves
+        at = set(ctx.tensor_at)
+        return (None, *(next(grads) if i in at else None for i in range(len(ctx.leaves))))
+
+    @staticmethod
+    def jvp(ctx, _call_tangent, *tangents):
+        call = ctx.call
+        if call.fun._jvp is None:
+            raise _missing(call.fun, "jvp", "use forward-mode AD (torch.func.jvp, jacfwd...)")
+        n_in = len(ctx.tensor_at)
+
+        def rule(tensors):
+            primals, kwargs = call.arguments(_with_tensors(ctx, tensors[:n_in]))
+            # tangents mirror the primals: None for non-tensors (torch hands us zeros for a
+            # tensor without a tangent)
+            tangent_leaves = [None] * len(ctx.leaves)
+            for i, t in zip(ctx.tensor_at, tensors[n_in:]):
+                tangent_leaves[i] = t
+            rule_tangents, _ = call.arguments(tangent_leaves)
+            flat = []
+            _flatten(call.fun._jvp(primals, rule_tangents, **kwargs), flat)
+            if len(flat) != len(ctx.out_diff):
+                raise ValueError(f"[custom_function] {call.fun.__name__}'s jvp returned "
+                                 f"{len(flat)} tangents for {len(ctx.out_diff)} outputs.")
+            return [t if d else None for t, d in zip(flat, ctx.out_diff)]
+
+        tangents = [tangents[i] for i in ctx.tensor_at]
+        return tuple(_below_functorch(call.fun, "jvp", rule, [*ctx.saved_tensors, *tangents]))
+
+    @staticmethod
+    def vmap(info, in_dims, call, *leaves):
+        fun = call.fun
+        if fun._vmap is None:
+            raise _missing(fun, "vmap", "use torch.func.vmap")
+        inputs, kwargs = call.arguments(leaves)
+        axes, kwarg_axes = call.arguments(in_dims[1:])
+        if any(a is not None for a in _leaves(kwarg_axes)):
+            raise ValueError(f"[custom_function] {fun.__name__}: keyword arguments cannot be "
+                             "vmapped over; pass batched tensors positionally.")
+        result = fun._vmap(inputs, axes, **kwargs)
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise TypeError(f"[custom_function] {fun.__name__}'s vmap rule must return "
+                            "(outputs, out_axes).")
+        outs = call.outputs(result[0], "vmap rule")
+        out_axes = result[1]
+        flat_axes = [out_axes] * len(outs) if out_axes is None or isinstance(out_axes, int) \
+            else _leaves(out_axes)
+        if len(flat_axes) != len(outs):
+            raise ValueError(f"[custom_function] {fun.__name__}'s vmap rule returned "
+                             f"{len(flat_axes)} out_axes for {len(outs)} outputs.")
+        flat_axes = [a if a is None or a >= 0 else a + o.dim() for a, o in zip(flat_axes, outs)]
+        return tuple(outs), tuple(flat_axes)
+
+
+def _untransformed(tensors: list) -> bool:
+    """Whether no transform can see this call: nothing for autograd to record, no torch.func
+    transform, no forward-AD level (NumPy/scalar-only calls included)."""
+    from torch.autograd import forward_ad
+    return (not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+            and not torch._C._are_functorch_transforms_active()
+            and forward_ad._current_level < 0)
+
+
+def _leaves(tree) -> list:
+    flat = []
+    _flatten(tree, flat)
+    return flat
+
+
+def _with_tensors(ctx, tensors) -> list:
+    """The call's leaves, with `tensors` (saved or unwrapped) at the tensor positions."""
+    leaves = list(ctx.leaves)
+    for i, t in zip(ctx.tensor_at, tensors):
+        leaves[i] = t
+    return leaves
+
+
+def _gradients(call: _Call, leaves: list, result) -> list:
+    """The vjp's result as one gradient (or None) per tensor leaf of the call.
+
+    The result mirrors the primals (MLX): one entry per primal leaf, or per primal *tensor*
+    (non-tensor arguments left out, as MLX's flattening of arrays does). Keyword arguments
+    are constants: None.
+    """
+    name = call.fun.__name__
+    flat = _leaves(result)
+    primal = leaves[:call.n_primal]
+    tensor_idx = [i for i, x in enumerate(primal) if isinstance(x, torch.Tensor)]
+    if len(flat) == len(primal):
+        by_leaf = dict(enumerate(flat))
+    elif len(flat) == len(tensor_idx):
+        by_leaf = dict(zip(tensor_idx, flat))
+    else:
+        raise ValueError(f"[custom_function] {name}'s vjp returned {len(flat)} gradients for "
+                         f"{len(primal)} primals ({len(tensor_idx)} of them tensors).")
+    grads = []
+    for i, x in enumerate(leaves):
+        if not isinstance(x, torch.Tensor):
+            continue
+        g = by_leaf.get(i)
+        if g is not None:
+            if not isinstance(g, torch.Tensor):
+                raise TypeError(f"[custom_function] {name}'s vjp returned a {type(g).__name__} "
+                                f"for primal leaf {i}; expected a tensor or None.")
+            if g.shape != x.shape:
+                raise ValueError(f"[custom_function] {name}'s vjp returned a gradient of shape "
+                                 f"{tuple(g.shape)} for primal leaf {i} of shape {tuple(x.shape)}.")
+        grads.append(g)
+    return grads
+
+
+class custom_function:
+    """Set up a function for custom vjp, jvp and vmap rules, as MLX's `mx.custom_function`.
+
+    `f(*args, **kwargs)` returns what the wrapped function returns; torch.autograd and
+    torch.func transforms of it use the rules given with `@f.vjp`, `@f.jvp`, `@f.vmap`
+    (see the module docstring for their arguments).
+    """
+
+    def __init__(self, fun):
+        if not callable(fun):
+            raise TypeError(f"[custom_function] expected a function, got {type(fun).__name__}.")
+        functools.update_wrapper(self, fun)  # __name__, __doc__, __wrapped__...
+        self._fun = fun
+        self._vjp = self._jvp = self._vmap = None
+        name = getattr(fun, "__name__", "custom_function")
+        self._function = type(name, (_Function,), {"__module__": _Function.__module__})
+
+    # As MLX, each setter returns the custom_function itself.
+    def vjp(self, rule):
+        """Define the vjp: rule(primals, cotangents, outputs) -> gradients of the primals."""
+        self._vjp = rule
+        return self
+
+    def jvp(self, rule):
+        """Define the jvp: rule(primals, tangents) -> tangents of the outputs."""
+        self._jvp = rule
+        return self
+
+    def vmap(self, rule):
+        """Define the vmap rule: rule(inputs, axes) -> (outputs, out_axes)."""
+        self._vmap = rule
+        return self
+
+    def __call__(self, *args, **kwargs):
+        leaves = []
+        args_spec = _flatten(args, leaves)
+        n_primal = len(leaves)
+        in_spec = (tuple, [args_spec, _flatten(kwargs, leaves)])
+        if _untransformed([x for x in leaves if isinstance(x, torch.Tensor)]):
+            return self._fun(*args, **kwargs)  # skip autograd.Function's cost (~25 us a call)
+        call = _Call(self, in_spec, n_primal)
+        flat = self._function.apply(call, *leaves)  # sets call.out_spec
+        return _unflatten(call.out_spec, flat)
+
+    def __repr__(self) -> str:
+        rules = [r for r in ("vjp", "jvp", "vmap") if getattr(self, f"_{r}") is not None]
+        return f"<kernelkit.custom_function {self.__name__} (rules: {', '.join(rules) or 'none'})>"

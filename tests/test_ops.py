@@ -1,0 +1,293 @@
+"""kernelkit.ops as library ops: grid_sample (torch.nn.functional.grid_sample parity on NHWC data)
+and matmul_add_relu (Burn's fused op), forward and backward, against plain torch."""
+
+import itertools
+import sys
+
+import pytest
+import torch
+
+from kernelkit.ops import grid_sample, grid_sample_torch, matmul_add_relu, matmul_add_relu_reference
+from kernelkit.ops.grid_sample import grid_sample_backward, grid_sample_forward
+
+SETTINGS = list(itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True]))
+HALF = [torch.float16, torch.bfloat16]
+
+
+def relative_error(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    assert out.shape == ref.shape and not out.isnan().any()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def lattice_grid(B, gH, gW, device, dtype, reach=1.25):
+    """Grid points on a 1/64 lattice in [-reach, reach]: with H, W <= 16 the source coordinates
+    are exact in float32 and in every input dtype, so the kernel (float32) and the float64
+    reference take the same corners, the same nearest pixel (ties included) and the same
+    border/reflection branches; they differ only by rounding of values."""
+    g = (torch.rand(B, gH, gW, 2, device=device, dtype=torch.float64) * 2 - 1) * reach
+    return ((g * 64).round() / 64).to(dtype)
+
+
+def smooth_grid(B, gH, gW, H, W, align_corners, device):
+    """Float64 grid points whose source coordinates u keep 0.1 away from every multiple of 1/2,
+    where grid_sample's kinks are (corners, clipping, reflection): for gradcheck."""
+    def axis(size):
+        u = torch.rand(B, gH, gW, device=device, dtype=torch.float64) * (size + 1) - 1  # some outside
+        u = torch.floor(2 * u) / 2 + 0.1 + 0.3 * torch.rand_like(u)
+        return 2 * u / (size - 1) - 1 if align_corners else (2 * u + 1) / size - 1
+    return torch.stack([axis(W), axis(H)], dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# grid_sample
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
+@pytest.mark.parametrize("mode,padding_mode,align_corners", SETTINGS)
+def test_grid_sample_forward(device, mode, padding_mode, align_corners, dtype):
+    x = torch.randn(2, 9, 13, 40, device=device).to(dtype)
+    grid = lattice_grid(2, 6, 7, device, dtype)
+    out = grid_sample(x, grid, mode, padding_mode, align_corners)
+    ref = grid_sample_torch(x.double(), grid.double(), mode, padding_mode, align_corners)
+    assert out.dtype == dtype and out.shape == ref.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("C", [1, 3, 16, 33, 64])
+def test_grid_sample_channels(device, C):
+    """Each lane count per pixel (1 to 32) and channel counts it does not divide."""
+    x = torch.randn(2, 5, 6, C, device=device)
+    grid = lattice_grid(2, 4, 5, device, torch.float32)
+    for mode in ("bilinear", "nearest"):
+        out = grid_sample(x, grid, mode, "border")
+        ref = grid_sample_torch(x.double(), grid.double(), mode, "border")
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sample_non_contiguous(device):
+    base = torch.randn(2, 8, 12, 10, device=device)
+    x = base.permute(0, 2, 1, 3)[:, ::2]                        # (2, 6, 8, 10), strided
+    grid = lattice_grid(2, 5, 12, device, torch.float32)[:, :, ::2]  # (2, 5, 6, 2), strided
+    assert not x.is_contiguous() and not grid.is_contiguous()
+    out = grid_sample(x, grid, "bilinear", "reflection", True)
+    ref = grid_sample_torch(x.double(), grid.double(), "bilinear", "reflection", True)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sample_nonfinite_grid(device):
+    """NaN and far-off points sample nothing (zeros padding), as torch's CUDA kernel does."""
+    x = torch.randn(1, 4, 5, 3, device=device)
+    grid = torch.tensor([[[[float("nan"), 0.0], [1e30, 0.0], [0.0, -float("inf")], [0.1, 0.2]]]],
+                        device=device)
+    out = grid_sample(x, grid)
+    assert torch.equal(out[0, 0, :3].cpu(), torch.zeros(3, 3))
+    torch.testing.assert_close(out[0, 0, 3], grid_sample_torch(x, grid[:, :, 3:])[0, 0, 0])
+
+
+def _backward(x, grid, cot, *args):
+    x = x.detach().requires_grad_()
+    grid = grid.detach().requires_grad_()
+    grid_sample(x, grid, *args).backward(cot)
+    return x.grad, grid.grad
+
+
+def _reference_backward(x, grid, cot, *args):
+    x = x.detach().double().requires_grad_()
+    grid = grid.detach().double().requires_grad_()
+    grid_sample_torch(x, grid, *args).backward(cot.double())
+    return x.grad, grid.grad
+
+
+@pytest.mark.parametrize("mode,padding_mode,align_corners", SETTINGS)
+def test_grid_sample_backward(device, mode, padding_mode, align_corners):
+    args = (mode, padding_mode, align_corners)
+    x = torch.randn(2, 9, 13, 40, device=device)
+    grid = lattice_grid(2, 6, 7, device, torch.float32)
+    cot = torch.randn(2, 6, 7, 40, device=device)
+    x_grad, grid_grad = _backward(x, grid, cot, *args)
+    x_ref, grid_ref = _reference_backward(x, grid, cot, *args)
+    assert x_grad.dtype == grid_grad.dtype == torch.float32
+    torch.testing.assert_close(x_grad.double(), x_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grid_grad.double(), grid_ref, rtol=1e-4, atol=1e-4)
+    if mode == "nearest":
+        assert not grid_grad.any()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("mode,padding_mode", [("bilinear", "zeros"), ("bilinear", "border"),
+                                               ("bilinear", "reflection"), ("nearest", "zeros")])
+def test_grid_sample_backward_half(device, mode, padding_mode, dtype):
+    """x_grad accumulates in float32: many samples land on few pixels (a 4x5 image) and still
+    sum to within rounding of the stored result."""
+    x = torch.randn(2, 4, 5, 24, device=device).to(dtype)
+    grid = lattice_grid(2, 16, 16, device, dtype)
+    cot = torch.randn(2, 16, 16, 24, device=device).to(dtype)
+    x_grad, grid_grad = _backward(x, grid, cot, mode, padding_mode, False)
+    x_ref, grid_ref = _reference_backward(x, grid, cot, mode, padding_mode, False)
+    assert x_grad.dtype == grid_grad.dtype == dtype
+    assert relative_error(x_grad, x_ref) < 1e-2
+    if mode == "bilinear":
+        assert relative_error(grid_grad, grid_ref) < 1e-2
+
+
+@pytest.mark.parametrize("mode,padding_mode,align_corners", SETTINGS)
+def test_grid_sample_gradcheck(device, mode, padding_mode, align_corners):
+    if device.type != "cpu":
+        pytest.skip("gradcheck runs on the CPU backend")
+    x = torch.randn(2, 3, 4, 3, dtype=torch.float64, requires_grad=True)
+    grid = smooth_grid(2, 2, 3, 3, 4, align_corners, device).requires_grad_(mode == "bilinear")
+
+    def f(x, grid):
+        return grid_sample(x, grid, mode, padding_mode, align_corners)
+    # nearest: the output is piecewise constant in grid, so only x is checked
+    assert torch.autograd.gradcheck(f, (x, grid), nondet_tol=1e-12)
+
+
+def test_grid_sample_empty(device, monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a kernel was launched for an empty tensor")
+    module = sys.modules["kernelkit.ops.grid_sample"]  # kernelkit.ops.grid_sample is the function
+    for name in ("_sample", "_backward_bilinear", "_backward_nearest"):
+        monkeypatch.setattr(module, name, no_launch)
+    cases = [((0, 4, 5, 3), (0, 2, 2, 2)), ((2, 4, 5, 0), (2, 2, 2, 2)), ((2, 4, 5, 3), (2, 0, 3, 2)),
+             ((1, 0, 5, 3), (1, 0, 3, 2))]
+    for x_shape, grid_shape in cases:
+        x = torch.randn(x_shape, device=device, requires_grad=True)
+        grid = torch.rand(grid_shape, device=device, requires_grad=True)
+        out = grid_sample(x, grid)
+        assert out.shape == (x_shape[0], grid_shape[1], grid_shape[2], x_shape[3])
+        out.sum().backward()
+        assert x.grad.shape == x.shape and not x.grad.any()
+        assert grid.grad.shape == grid.shape and not grid.grad.any()
+
+
+def test_grid_sample_errors(device):
+    x = torch.randn(2, 4, 5, 3, device=device)
+    grid = torch.rand(2, 3, 3, 2, device=device)
+    cases = [
+        ((x[0], grid), ValueError, "`x` must be 4-D"),
+        ((x, grid[0]), ValueError, "`grid` must be 4-D"),
+        ((x, torch.rand(2, 3, 3, 3, device=device)), ValueError, "last dim of `grid` must be 2"),
+        ((x, grid[:1]), ValueError, "same batch size"),
+        ((x.long(), grid), TypeError, "`x` must be float16, bfloat16, float32 or float64"),
+        ((x, grid.double()), TypeError, "same dtype"),
+        ((x, grid.to("meta")), ValueError, "same device"),
+        ((x.numpy() if device.type == "cpu" else [1.0], grid), TypeError, "must be a torch.Tensor"),
+        ((x, grid, "bicubic"), ValueError, "mode must be one of"),
+        ((x, grid, "bilinear", "wrap"), ValueError, "padding_mode must be one of"),
+        ((x, grid, "bilinear", "zeros", 1), TypeError, "align_corners must be a bool"),
+        ((x[:, :0], grid), ValueError, "non-empty spatial dims"),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error, match=message):
+            grid_sample(*args)
+    with pytest.raises(ValueError, match="cotangent must have the output's shape"):
+        grid_sample_backward(x, grid, torch.zeros(2, 3, 3, 4, device=device))
+
+
+def test_grid_sample_forward_backward_functions(device):
+    """The kernels without autograd, as a benchmark calls them."""
+    x = torch.randn(1, 6, 7, 5, device=device)
+    grid = lattice_grid(1, 3, 4, device, torch.float32)
+    cot = torch.randn(1, 3, 4, 5, device=device)
+    torch.testing.assert_close(grid_sample_forward(x, grid), grid_sample_torch(x, grid))
+    x_grad, grid_grad = grid_sample_backward(x, grid, cot)
+    x_ref, grid_ref = _reference_backward(x, grid, cot, "bilinear", "zeros", False)
+    torch.testing.assert_close(x_grad.double(), x_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grid_grad.double(), grid_ref, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul_add_relu
+
+# (lhs, rhs, bias) shapes: broadcasting batch dims and bias, sizes not multiples of the 64 x 64
+# tile (or of its K step of 16), and one over several tiles each way.
+SHAPES = [
+    ((5, 7), (7, 9), (9,)),
+    ((3, 65, 33), (33, 70), (65, 1)),
+    ((2, 1, 17, 5), (4, 5, 19), (19,)),
+    ((130, 3), (3, 66), ()),
+    ((2, 3, 4), (2, 4, 5), (2, 3, 5)),
+    ((1, 2, 70, 20), (3, 1, 20, 129), (3, 1, 1, 129)),
+]
+
+
+def _operands(shapes, device, dtype):
+    return [torch.randn(s, device=device).to(dtype) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, *HALF])
+@pytest.mark.parametrize("shapes", SHAPES, ids=lambda s: "x".join(map(str, s[0])))
+def test_matmul_add_relu_forward(device, shapes, dtype):
+    lhs, rhs, bias = _operands(shapes, device, dtype)
+    out = matmul_add_relu(lhs, rhs, bias)
+    ref = matmul_add_relu_reference(lhs.double(), rhs.double(), bias.double())
+    assert out.dtype == dtype and out.shape == ref.shape and out.is_contiguous()
+    if dtype == torch.float64:
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    elif dtype == torch.float32:
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert relative_error(out, ref) < 1e-2
+
+
+def test_matmul_add_relu_strided(device):
+    """Transposed, sliced and expanded operands are read through their strides."""
+    lhs = torch.randn(3, 40, 50, device=device)[:, ::2, 1:]         # (3, 20, 49), strided rows
+    rhs = torch.randn(3, 33, 49, device=device).transpose(-1, -2)   # (3, 49, 33), column-major
+    bias = torch.randn(1, 33, device=device).expand(20, 33)
+    out = matmul_add_relu(lhs, rhs, bias)
+    ref = matmul_add_relu_reference(lhs.double(), rhs.double(), bias.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_add_relu_backward(device):
+    lhs, rhs, bias = (t.requires_grad_() for t in _operands(SHAPES[5], device, torch.float32))
+    out = matmul_add_relu(lhs, rhs, bias)
+    cot = torch.randn_like(out)
+    out.backward(cot)
+    refs = [t.detach().double().requires_grad_() for t in (lhs, rhs, bias)]
+    matmul_add_relu_reference(*refs).backward(cot.double())
+    for t, r in zip((lhs, rhs, bias), refs):
+        assert t.grad.shape == t.shape
+        torch.testing.assert_close(t.grad.double(), r.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_add_relu_gradcheck(device):
+    if device.type != "cpu":
+        pytest.skip("gradcheck runs on the CPU backend")
+    lhs, rhs, bias = (torch.randn(s, dtype=torch.float64, requires_grad=True)
+                      for s in ((2, 1, 3, 4), (3, 4, 5), (3, 1)))
+    assert torch.autograd.gradcheck(matmul_add_relu, (lhs, rhs, bias))
+
+
+def test_matmul_add_relu_empty(device):
+    out = matmul_add_relu(torch.randn(2, 0, 3, device=device), torch.randn(3, 4, device=device),
+                          torch.randn(4, device=device))
+    assert out.shape == (2, 0, 4)
+    bias = torch.randn(5, 4, device=device)  # K = 0: an empty sum, relu(bias)
+    out = matmul_add_relu(torch.randn(5, 0, device=device), torch.randn(0, 4, device=device), bias)
+    assert torch.equal(out, torch.relu(bias))
+
+
+def test_matmul_add_relu_errors(device):
+    a, b = torch.randn(4, 3, device=device), torch.randn(3, 5, device=device)
+    c = torch.randn(5, device=device)
+    cases = [
+        ((a[0], b, c), ValueError, "at least 2 dims"),
+        ((a, b[:2], c), ValueError, "inner dims differ"),
+        ((a.expand(2, 4, 3), b.expand(3, 3, 5), c), ValueError, "batch dims .* do not broadcast"),
+        ((a, b, torch.randn(4, device=device)), ValueError, "does not broadcast to the output"),
+        ((a, b, torch.randn(2, 4, 5, device=device)), ValueError, "does not broadcast to the output"),
+        ((a, b.double(), c), TypeError, "same dtype"),
+        ((a.int(), b.int(), c.int()), TypeError, "must be float16, bfloat16, float32 or float64"),
+        ((a, b, c.to("meta")), ValueError, "same device"),
+        ((a, b, 1.0), TypeError, "must be a torch.Tensor"),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error, match=message):
+            matmul_add_relu(*args)
