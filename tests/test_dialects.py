@@ -78,7 +78,7 @@ BODIES = {
     "attributes": {"metal": "out[0] = threads_per_threadgroup.x;", "cuda": "out[0] = blockDim.x;"},
     "fast_math": {
         "metal": "#ifdef __FAST_MATH__\n out[0] = 1;\n#else\n out[0] = 0;\n#endif\n",
-        "cuda": "#ifdef __USE_FAST_MATH__\n out[0] = 1;\n#else\n out[0] = 0;\n#endif\n",
+        "cuda": "#if __USE_FAST_MATH__\n out[0] = 1;\n#else\n out[0] = 0;\n#endif\n",
     },
 }
 HELPERS = {
@@ -225,3 +225,31 @@ def test_dynamic_shared_memory(device, nbytes):
         sel = idx[(t + 1) % threads::threads]
         ref[:, t] = len(sel) * x.double().cpu() + sel.sum()
     torch.testing.assert_close(out.double().cpu().view(groups, threads), ref, rtol=1e-4, atol=1e-2)
+
+
+def test_cuda_blocks_are_whole_and_clamped_to_the_grid(device):
+    """The textbook reduction: the last block's threads past n still take part in __syncthreads
+    and write their shared slot (MLX's CUDA kernels run whole blocks); a block is never larger
+    than the grid."""
+    body = """
+        __shared__ float s[128];
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        s[threadIdx.x] = i < n[0] ? x[i] : 0.0f;
+        __syncthreads();
+        for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+            if (threadIdx.x < k) s[threadIdx.x] += s[threadIdx.x + k];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+    """
+    k = kk.cuda_kernel(name="block_sum", input_names=["x", "n"], output_names=["out"], source=body)
+    x = torch.randn(1000, device=device)
+    out = k(inputs=[x, 1000], grid=(1000, 1, 1), threadgroup=(128, 1, 1), output_shapes=[(8,)],
+            output_dtypes=[torch.float32])[0]
+    ref = torch.stack([c.double().sum() for c in x.split(128)])
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-4)
+    small = kk.cuda_kernel(name="dims", input_names=[], output_names=["out"],
+                           source="out[threadIdx.x] = blockDim.x * 100 + gridDim.x;")
+    out = small(inputs=[], grid=(5, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(5,)],
+                output_dtypes=[torch.int32], stream=device)[0]
+    assert out.tolist() == [501] * 5

@@ -1,130 +1,384 @@
-"""The `kernelkit` command: demo | cache."""
+"""The `kernelkit` command.
+
+    kernelkit demo    run the seeds' kernels on the best device, check them, time them against torch
+    kernelkit bench   the benchmark suite behind BENCHMARKS.md: JSON, Markdown and charts
+    kernelkit doctor  what this machine offers (GPUs, driver, NVRTC, headers, C++ compiler, cache)
+    kernelkit cache   show, list or clear the compile cache
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
-import time
+from pathlib import Path
 
 
-def _best_device():
+def _device(name: str | None, command: str):
+    """The device asked for (else the GPU if there is one, else the CPU); None if unusable."""
     import torch
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if not name:
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        print(f"kernelkit {command}: unknown device {name!r}; use cpu or cuda[:N]", file=sys.stderr)
+        return None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(f"kernelkit {command}: no CUDA device here (torch.cuda.is_available() is False); "
+                  "use --device cpu, and see `kernelkit doctor`", file=sys.stderr)
+            return None
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            print(f"kernelkit {command}: {device} does not exist ({torch.cuda.device_count()} GPUs)",
+                  file=sys.stderr)
+            return None
+        return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    if device.type != "cpu":
+        print(f"kernelkit {command}: kernelkit runs on cpu and cuda[:N], not {device}", file=sys.stderr)
+        return None
+    return device
 
 
-def _time(fn, device, repeat: int) -> float:
-    """Median seconds per call, synchronising the device around each timed call."""
+def _on(device):
+    """The device's context for a CUDA device (current stream, events), else nothing."""
+    import contextlib
+
     import torch
-    fn()  # warm up: compile, load, allocate
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def demo(args) -> int:
+# --- demo --------------------------------------------------------------------------------------
+
+def _demo_sizes(device, small: bool) -> dict:
+    """The seed's sizes on a GPU; smaller on the CPU; tiny with --small."""
+    if small:
+        return dict(n=1 << 16, grid_sample=(1, 64, 64, 64, 32, 32), matmul=(1, 128), repeat=2)
+    if device.type == "cuda":
+        return dict(n=1 << 24, grid_sample=(8, 1024, 1024, 64, 256, 256), matmul=(8, 1024), repeat=20)
+    # 1/16 of the seed's x and of its grid; exp over 4M
+    return dict(n=1 << 22, grid_sample=(2, 256, 256, 64, 128, 128), matmul=(2, 512), repeat=5)
+
+
+def _demo_cases(device, sizes: dict) -> list[tuple]:
+    """(op, shapes, ours, reference, error, reference's name) for each of the seeds' examples."""
     import torch
 
-    from .ops import exp, exp_strided, grid_sample_seed as grid_sample, grid_sample_vjp
+    from .benchmarks import relative_error
+    from .ops import exp, exp_strided, grid_sample_seed, grid_sample_vjp, matmul_add_relu
     from .ops.grid_sample import grid_sample_reference
 
-    device = torch.device(args.device) if args.device else _best_device()
-    gpu = device.type == "cuda"
-    # The seed's grid_sample shape on a GPU; 1/16 of its batch x grid size on the CPU.
-    B, H, W, C, gH, gW = (8, 1024, 1024, 64, 256, 256) if gpu else (2, 256, 256, 64, 128, 128)
-    n = 1 << 24 if gpu else 1 << 22
-    repeat = 20 if gpu else 5
     torch.manual_seed(0)
-
+    n = sizes["n"]
     a = torch.randn(n, device=device)
     a_strided = torch.randn(2 * n // 1024, 1024, device=device)[::2]
+    B, H, W, C, gH, gW = sizes["grid_sample"]
     storage = torch.randn(B + 2, H, W, C, device=device)
     x = storage[1:-1]  # margin: the seed's forward reads up to a row outside x before masking
     grid = torch.rand(B, gH, gW, 2, device=device) * 2 - 1
     cot = torch.randn(B, gH, gW, C, device=device)
+    mb, mn = sizes["matmul"]
+    lhs, rhs, bias = (torch.randn(mb, mn, mn, device=device) for _ in range(3))
 
     def ref_vjp():
         xr, gr = x.detach().requires_grad_(), grid.detach().requires_grad_()
-        grid_sample_reference(xr, gr).backward(cot)
-        return xr.grad, gr.grad
+        return torch.autograd.grad(grid_sample_reference(xr, gr), (xr, gr), cot)
 
     def vjp_error():
-        ours = grid_sample_vjp(x, grid, cot)
-        return max(_relerr(o, r) for o, r in zip(ours, ref_vjp()))
+        return max(relative_error(o, r) for o, r in zip(grid_sample_vjp(x, grid, cot), ref_vjp()))
 
-    rows = [
-        ("exp", f"{n}", lambda: exp(a), lambda: torch.exp(a), lambda: _relerr(exp(a), torch.exp(a))),
-        ("exp (strided view)", f"{tuple(a_strided.shape)}", lambda: exp_strided(a_strided),
-         lambda: torch.exp(a_strided), lambda: _relerr(exp_strided(a_strided), torch.exp(a_strided))),
-        ("grid_sample", f"x {B}x{H}x{W}x{C}, grid {B}x{gH}x{gW}x2", lambda: grid_sample(x, grid),
+    def matmul_ref():
+        return torch.relu(torch.baddbmm(bias, lhs, rhs))
+
+    return [
+        ("exp", f"{n} ({_count(n)})", lambda: exp(a), lambda: torch.exp(a),
+         lambda: relative_error(exp(a), torch.exp(a.double())), "torch.exp"),
+        ("exp (strided view)", "x".join(map(str, a_strided.shape)) + " of every 2nd row",
+         lambda: exp_strided(a_strided), lambda: torch.exp(a_strided),
+         lambda: relative_error(exp_strided(a_strided), torch.exp(a_strided.double())), "torch.exp"),
+        ("grid_sample", f"x {B}x{H}x{W}x{C}, grid {B}x{gH}x{gW}x2", lambda: grid_sample_seed(x, grid),
          lambda: grid_sample_reference(x, grid),
-         lambda: _relerr(grid_sample(x, grid), grid_sample_reference(x, grid))),
-        ("grid_sample VJP", "same", lambda: grid_sample_vjp(x, grid, cot), ref_vjp, vjp_error),
+         lambda: relative_error(grid_sample_seed(x, grid), grid_sample_reference(x, grid)),
+         "F.grid_sample (NHWC view)"),
+        ("grid_sample VJP", "same", lambda: grid_sample_vjp(x, grid, cot), ref_vjp, vjp_error,
+         "F.grid_sample forward + backward"),
+        ("matmul_add_relu", f"{mb} x {mn}x{mn} @ {mn}x{mn}", lambda: matmul_add_relu(lhs, rhs, bias),
+         matmul_ref,
+         lambda: relative_error(matmul_add_relu(lhs, rhs, bias),
+                                torch.relu(torch.baddbmm(bias.double(), lhs.double(), rhs.double()))),
+         "torch.relu(torch.baddbmm)"),
     ]
-    print(f"kernelkit demo on {_device_name(device)} (float32; reference: torch)")
-    header = f"{'op':<20} {'shapes':<36} {'rel. error':>10} {'ours':>10} {'torch':>10} {'speed-up':>9}"
+
+
+def _count(n: int) -> str:
+    return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+
+
+def demo(args) -> int:
+    from . import benchmarks
+
+    device = _device(args.device, "demo")
+    if device is None:
+        return 2
+    if args.plot and not benchmarks.have_matplotlib():
+        print("kernelkit demo: --plot needs matplotlib (pip install matplotlib, or pip install "
+              "'kernelkit[plot]')", file=sys.stderr)
+        return 2
+    sizes = _demo_sizes(device, args.small)
+    repeat = args.repeat or sizes["repeat"]
+    stat = f"CUDA-event median of {repeat}" if device.type == "cuda" else f"best of {repeat}"
+    print(f"kernelkit demo on {benchmarks.device_name(device)}: float32, times are the {stat} "
+          "after a warm-up call; error is ||out - ref|| / ||ref||", flush=True)
+    header = (f"{'op':<19} {'device':<7} {'shapes':<36} {'rel. error':>10} {'ours':>11} "
+              f"{'reference':>11} {'speed-up':>9}")
     print(header)
-    print("-" * len(header))
-    failed = False
-    for op, shapes, ours, ref, err in rows:
-        e = err()
-        t_ours, t_ref = _time(ours, device, repeat), _time(ref, device, repeat)
-        ok = e < 1e-4
+    print("-" * len(header), flush=True)
+    failed, plotted = False, []
+    try:
+        with _on(device):
+            cases = _demo_cases(device, sizes)
+    except Exception as e:  # noqa: BLE001 - e.g. out of memory
+        print(f"could not set up the inputs: {type(e).__name__}: {e}")
+        return 1
+    dev = str(device)
+    for op, shapes, ours, ref, error, ref_name in cases:
+        try:
+            with _on(device):  # CUDA events on the device's own stream
+                err = error()
+                t_ours = benchmarks.time_ms(ours, device, repeat)
+                t_ref = benchmarks.time_ms(ref, device, repeat)
+        except Exception as e:  # noqa: BLE001 - report the op, go on with the others
+            failed = True
+            message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            print(f"{op:<19} {dev:<7} {shapes:<36} FAILED: {type(e).__name__}: {message}", flush=True)
+            continue
+        ok = err < args.tolerance
         failed |= not ok
-        print(f"{op:<20} {shapes:<36} {e:>10.1e} {_ms(t_ours):>10} {_ms(t_ref):>10} "
-              f"{t_ref / t_ours:>8.1f}x{'' if ok else '  MISMATCH'}")
+        plotted.append((op, t_ours, t_ref))
+        print(f"{op:<19} {dev:<7} {shapes:<36} {err:>10.1e} {t_ours:>8.3f} ms {t_ref:>8.3f} ms "
+              f"{t_ref / t_ours:>8.2f}x{'' if ok else '  MISMATCH (tolerance %.0e)' % args.tolerance}",
+              flush=True)
+    print("references: " + "; ".join(f"{c[0]}: {c[5]}" for c in cases))
+    if args.plot and plotted:
+        try:
+            benchmarks.bar_chart(args.plot, f"kernelkit demo\n{benchmarks.device_name(device)}", "ms",
+                                 [p[0] for p in plotted],
+                                 {"kernelkit": [p[1] for p in plotted], "torch": [p[2] for p in plotted]})
+            print(f"chart: {args.plot}")
+        except Exception as e:  # noqa: BLE001 - the table is the result; the chart is a picture of it
+            print(f"no chart: {type(e).__name__}: {e}")
+    print("all checks passed" if not failed else "some checks FAILED")
     return 1 if failed else 0
 
 
-def _relerr(out, ref) -> float:
-    out, ref = out.double(), ref.double()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+# --- bench -------------------------------------------------------------------------------------
+
+def bench(args) -> int:
+    from . import benchmarks
+
+    if args.markdown:
+        try:
+            results = benchmarks.load(args.markdown)
+        except (OSError, ValueError) as e:
+            print(f"kernelkit bench --markdown: {e}", file=sys.stderr)
+            return 2
+        if not results:
+            print("kernelkit bench --markdown: no benchmark results in " + ", ".join(args.markdown),
+                  file=sys.stderr)
+            return 2
+        print(benchmarks.markdown(results), end="")
+        return 0
+
+    device = _device(args.device, "bench")
+    if device is None:
+        return 2
+    kinds = args.only or (benchmarks.GPU_SUITE if device.type == "cuda" else benchmarks.CPU_SUITE)
+    out = Path(args.out) if args.out else Path("bench") / "results" / benchmarks.device_tag(device)
+    command = shlex.join(["kernelkit", *args.argv])
+    progress = benchmarks.Progress(sum(benchmarks.STEPS[k] for k in kinds))
+    results, errors = {}, {}
+    try:
+        for kind in kinds:
+            try:
+                results[kind] = benchmarks.run(kind, device, args.quick, command, progress.tick)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 - the other benchmarks still run
+                import traceback
+                errors[kind] = f"{type(e).__name__}: {e}"
+                progress.close()
+                traceback.print_exc()
+    finally:
+        progress.close()
+    written, notes = benchmarks.write_results(results, out, charts=not args.no_charts)
+    if results:
+        print(benchmarks.markdown([(r, str(out / f"{k}.json")) for k, r in results.items()]))
+    if written:
+        print("wrote " + ", ".join(str(p) for p in written))
+    for note in notes:
+        print(f"note: {note}")
+    for kind, err in errors.items():
+        print(f"FAILED {kind}: {err}")
+    return 1 if errors else 0
 
 
-def _ms(t: float) -> str:
-    return f"{t * 1e3:.3f} ms"
+# --- doctor ------------------------------------------------------------------------------------
+
+def doctor(args) -> int:
+    from .doctor import main
+    return main(json_output=args.json, run=args.check)
 
 
-def _device_name(device) -> str:
-    import platform
+# --- cache -------------------------------------------------------------------------------------
 
-    import torch
-    if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _entry_name(src: Path) -> str:
+    """The kernel a cache entry holds, from its saved source."""
+    import re
+    try:
+        text = src.read_text(errors="replace")
+    except OSError:
+        return "?"
+    if "kk_rt_abi_version" in text and "custom_kernel_" not in text:
+        return "(kernelkit CPU runtime)"
+    m = re.search(r"custom_kernel_(\w+)", text)
+    return m.group(1) if m else "?"
+
+
+def _remove_empty_dirs(root: Path) -> None:
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 def cache(args) -> int:
+    from . import __version__
     from .cache import CACHE, cache_dir
+    from .doctor import cache_usage
+
+    root = cache_dir()
     if args.action == "clear":
-        print(f"removed {CACHE.clear()} files from {cache_dir()}")
-    else:
-        entries = CACHE.entries()
-        size = sum(p.stat().st_size for p in entries)
-        print(f"{cache_dir()}: {len(entries)} files, {size / 1e6:.1f} MB")
-        if args.action == "list":
-            for p in entries:
-                print(f"  {p.relative_to(cache_dir())}  {p.stat().st_size} B")
+        if args.stale:
+            files = [p for d in root.iterdir() if d.is_dir() and d.name != __version__
+                     for p in d.rglob("*") if p.is_file()] if root.is_dir() else []
+            size = removed = 0
+            for p in files:
+                try:
+                    s = p.stat().st_size
+                    p.unlink()
+                    removed, size = removed + 1, size + s
+                except OSError:
+                    pass
+        else:
+            size = sum(u[2] for u in cache_usage())
+            removed = CACHE.clear()
+        if root.is_dir():
+            _remove_empty_dirs(root)
+        what = "other kernelkit versions' " if args.stale else ""
+        print(f"removed {removed} {what}files ({_size(size)}) from {root}")
+        return 0
+    usage = cache_usage()
+    files, size = sum(u[1] for u in usage), sum(u[2] for u in usage)
+    print(f"{root}: {files} files, {_size(size)}" + ("" if root.exists() else " (does not exist yet)"))
+    for version, n, nbytes in usage:
+        mark = " (this kernelkit)" if version == __version__ else " (another kernelkit version)"
+        print(f"  {version}/{mark}: {n} file{'s' if n != 1 else ''}, {_size(nbytes)}")
+    if args.action == "list":
+        groups: dict[Path, list[Path]] = {}
+        for p in CACHE.entries():
+            groups.setdefault(p.with_name(p.name.split(".")[0]), []).append(p)
+        for stem, paths in sorted(groups.items()):
+            suffixes = {p.name[len(stem.name):] for p in paths}
+            target = "cuda" if ".cubin" in suffixes else "cpu" if ".so" in suffixes else "?"
+            src = next((p for p in paths if p.name.endswith(".src")), None)
+            name = _entry_name(src) if src else "?"
+            rel = stem.relative_to(root)
+            key = rel.name if len(rel.name) <= 16 else rel.name[:16] + "…"
+            print(f"  {str(rel.parent)}/{key}  {target:<4} "
+                  f"{_size(sum(p.stat().st_size for p in paths)):>9}  {name}")
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="kernelkit", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="run the seeds' kernels, check them, time them against torch")
-    p.add_argument("--device", help="cpu or cuda[:N] (default: the GPU if there is one)")
+# --- the command line ------------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    from .benchmarks import KINDS
+    ap = argparse.ArgumentParser(prog="kernelkit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,bench,doctor,cache}")
+
+    p = sub.add_parser("demo", help="run the seeds' kernels, check them, time them against torch",
+                       description="Run the seeds' examples (exp, strided exp, grid_sample and its VJP, "
+                       "matmul_add_relu) on the best device present, check each against torch (relative "
+                       "error ||out - ref|| / ||ref||) and time both. Exits 1 if a check fails.")
+    p.add_argument("--device", help="cpu or cuda[:N] (default: the GPU if there is one, else the CPU)")
+    p.add_argument("--small", action="store_true", help="tiny shapes: a smoke test in seconds")
+    p.add_argument("--repeat", type=int, help="timed calls per op (default: 20 on a GPU, 5 on the CPU)")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error that passes "
+                   "(default 1e-4)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the times (ours and the reference's, log "
+                   "scale) into FILE.png (needs matplotlib)")
     p.set_defaults(func=demo)
-    p = sub.add_parser("cache", help="show, list or clear the compile cache")
-    p.add_argument("action", nargs="?", choices=["info", "list", "clear"], default="info")
+
+    p = sub.add_parser("bench", help="run the benchmark suite: JSON, Markdown and charts",
+                       description="Run the benchmarks behind BENCHMARKS.md on one device (a GPU: "
+                       "grid_sample against a hand-written CUDA port, kernelkit.ops against torch, "
+                       "per-call overhead; the CPU: the CPU backend against torch, compile times, "
+                       "per-call overhead). Writes <benchmark>.json, results.md and <benchmark>.png "
+                       "(with matplotlib) into --out. With --markdown, prints the Markdown tables of "
+                       "recorded JSON results instead, running nothing.")
+    p.add_argument("--device", help="cpu or cuda[:N] (default: the GPU if there is one)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
+    p.add_argument("--only", nargs="+", choices=KINDS, metavar="NAME",
+                   help=f"run only these benchmarks ({', '.join(KINDS)})")
+    p.add_argument("--out", metavar="DIR", help="where to write (default: bench/results/<device-tag>/)")
+    p.add_argument("--no-charts", action="store_true", help="write no PNG charts")
+    p.add_argument("--markdown", nargs="+", metavar="JSON",
+                   help="print the Markdown tables of these result files (or directories of them)")
+    p.set_defaults(func=bench)
+
+    p = sub.add_parser("doctor", help="what this machine offers: GPUs, driver, NVRTC, CUDA headers, "
+                       "C++ compiler, cache", description="Report the GPUs, the NVIDIA driver, NVRTC, "
+                       "CUDA's headers, the C++ compiler of the CPU backend and the compile cache, each "
+                       "with the fix for a missing piece. Exits 1 when no backend can run kernels.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--check", action="store_true", help="also compile and run a small kernel on every "
+                   "device")
+    p.set_defaults(func=doctor)
+
+    p = sub.add_parser("cache", help="show, list or clear the compile cache",
+                       description="The compile cache (KERNELKIT_CACHE_DIR, default ~/.cache/kernelkit): "
+                       "one directory per kernelkit version.")
+    p.add_argument("action", nargs="?", choices=["info", "list", "clear"], default="info",
+                   help="info (default): sizes per version directory; list: every entry; clear: remove")
+    p.add_argument("--stale", action="store_true", help="with clear: only other kernelkit versions' "
+                   "directories")
     p.set_defaults(func=cache)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser().parse_args(argv)
+    args.argv = argv
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `kernelkit cache list | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -139,7 +139,11 @@ class Kernel:
 
     def _dispatch(self, backend, device, grid, threadgroup):
         grid = self._dims(grid, "grid")
+        # Groups are clamped to the grid (Metal's rule; a group never holds more threads than the
+        # grid). Metal's edge groups are then partial; CUDA's dialect runs whole groups instead.
         group = tuple(min(t, g) for t, g in zip(self._dims(threadgroup, "threadgroup"), grid))
+        if self.dialect.WHOLE_GROUPS:
+            grid = self._dims(tuple(-(-n // g) * g for n, g in zip(grid, group)), "grid")
         backend.check_dispatch(device, grid, group, self.shared_memory, self.caller)
         return grid, group
 

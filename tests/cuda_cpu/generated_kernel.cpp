@@ -18,13 +18,25 @@
 #endif
 #include <kernelkit/cpu_group.h>
 #line 1 "header"
+#include <cuda_runtime.h>
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
+#include <cooperative_groups/scan.h>
+#include <cuda/std/array>
 #include <cuda/std/limits>
+#include <cuda/std/type_traits>
 #include <math_constants.h>
+#include <cassert>
+__constant__ float kTwo[2] = {2.0f, 1.0f};
+__device__ int g_unused_counter;
 template <typename T>
-__device__ __forceinline__ T twice(T v) { return v + v; }
+__host__ __device__ __forceinline__ T twice(T v) { return v * T(kTwo[0]); }
+struct __align__(16) Pair { float a, b; };
+static_assert(alignof(Pair) == 16, "__align__");
+__device__ __noinline__ float one() { return kTwo[1]; }
+__global__ void __launch_bounds__(256, 2) unused_kernel(const __grid_constant__ int x) { (void)x; }
 namespace kk_cuda {
 namespace cg = cooperative_groups;
 __device__ void custom_kernel_gen(const float* x, float* y, float* sums, const int n) {
@@ -32,11 +44,14 @@ __device__ void custom_kernel_gen(const float* x, float* y, float* sums, const i
   constexpr bool with_sums = GEN_SYNC != 0;
 #line 1 "body"
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = twice<T>(x[i]) + 1.0f;
+  cuda::std::array<T, 2> pair = {T(0), cuda::std::numeric_limits<T>::max()};
+  static_assert(cuda::std::is_same_v<decltype(pair[0]), float&>, "cuda::std");
+  if (i < n) y[i] = twice<T>(__ldg(&x[i])) + one() + pair[0];
   if constexpr (with_sums) {
     KK_EXTERN_SHARED(float, partial);  // extern __shared__ float partial[]; (front end)
     float v = i < n ? x[i] : 0.0f;
-    for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffff, v, off);
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffff, v, off);
     if (threadIdx.x % warpSize == 0) partial[threadIdx.x / warpSize] = v;
     __syncthreads();
     if (threadIdx.x == 0) {

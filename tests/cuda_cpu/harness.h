@@ -8,19 +8,21 @@
 // and runs with launch<NAME_args, NAME_call>(args, grid_threads, block, sync).
 #pragma once
 
-#define KK_TARGET_CPU 1
-#include <kernelkit/target_cpu.h>
-#include <kernelkit/cuda_cpu.h>
-#include <kernelkit/cpu_group.h>
-
-// Standard headers after the CUDA names, as a user header would include them.
-#include <assert.h>
+// The test's own standard headers first: libstdc++ 13 spells __noinline__,
+// which cuda_cpu.h defines (NVRTC code includes none of these).
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
+
+#define KK_TARGET_CPU 1
+#include <kernelkit/target_cpu.h>
+#include <kernelkit/cuda_cpu.h>
+#include <kernelkit/cpu_group.h>
+
+#include <assert.h>  // after: a kernel's assert() stops the launch (cuda_cpu.h)
 
 static int g_failures = 0;
 

@@ -20,12 +20,17 @@ NAME = "cuda_kernel"
 PRELUDE = "kernelkit/cuda.h"
 NAMESPACE = "kk_cuda"
 DEFAULT_MATH_MODE = "relaxed"  # nvcc's and NVRTC's default: fused multiply-add, IEEE division
+# As MLX's CUDA custom kernels: ceil(grid / threadgroup) whole blocks, threads past `grid` included
+# (bodies guard with `if (i < n)`), so block-wide reductions see full blocks. Unlike MLX, a block
+# is never larger than the grid (as Metal clamps it), so a grid smaller than one block runs no
+# thread past it.
+WHOLE_GROUPS = True
 CALL_PROLOGUE = "KK_CUDA_BIND_THREAD(t, a.kk_shared); "
 _CPU_STUBS = Path(__file__).resolve().parent.parent / "include" / "cpu_cuda_stubs"
 
 _TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
           "bool": "bool"}
-_SYNC = re.compile(r"__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|"
+_SYNC = re.compile(r"__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__uni_sync|"
                    r"__reduce_\w+_sync|__match_\w+_sync|__activemask|cooperative_groups|cg|"
                    r"this_thread_block|tiled_partition|coalesced_threads")
 _COOPERATIVE = {"cooperative_groups", "cg"}

@@ -26,6 +26,8 @@ NAME = "metal_kernel"
 PRELUDE = "kernelkit/metal.h"
 NAMESPACE = "metal"
 DEFAULT_MATH_MODE = "fast"  # Metal compiles with fast math unless told otherwise
+# Metal's dispatchThreads: threadgroups clamped to the grid, edge groups partial.
+WHOLE_GROUPS = False
 
 _SWIZZLE = re.compile(r"(?:[xyzw]{1,4}|[rgba]{1,4})\Z")
 _COMPONENT = {c: i for i, c in enumerate("xyzw")} | {c: i for i, c in enumerate("rgba")}

@@ -21,8 +21,12 @@
 #define KK_CUDA_BIND_THREAD(t, shared_bytes) ((void)0)
 #else
 #include "target_cpu.h"
-#if defined(KK_MATH_FAST) && !defined(__USE_FAST_MATH__)
-#define __USE_FAST_MATH__ 1  // as nvcc --use_fast_math defines it, for bodies that branch on it
+#if !defined(__USE_FAST_MATH__)  // NVRTC defines it 0 or 1 (--use_fast_math); bodies may test it
+#if defined(KK_MATH_FAST)
+#define __USE_FAST_MATH__ 1
+#else
+#define __USE_FAST_MATH__ 0
+#endif
 #endif
 #include "cuda_cpu.h"
 #endif
