@@ -132,7 +132,7 @@ FIRST_CALL = textwrap.dedent("""
     device, variant = torch.device(sys.argv[1]), sys.argv[2]
     if device.type == "cuda":
         torch.cuda.init()
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device.index or 0)
         # the seed's grid_sample (margin: it reads outside x before masking)
         x = torch.randn(3, 64, 64, 64, device=device)[1:2]
         g = torch.rand(1, 16, 16, 2, device=device) * 2 - 1
