@@ -18,6 +18,7 @@ under bench/results/) into BENCHMARKS.md's tables; `write_charts` draws them (ma
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -888,15 +889,22 @@ def bars(r: dict) -> tuple[str, str, list[str], dict[str, list]]:
              "torch empty": [r["torch_empty_us"]]})
 
 
+@functools.lru_cache(maxsize=None)
 def have_matplotlib() -> bool:
+    """matplotlib is importable and can draw (some installs import but fail inside their C++)."""
     try:
-        import matplotlib
-    except ImportError:
+        import io
+
+        from matplotlib.figure import Figure
+        fig = Figure(figsize=(1, 1))
+        fig.subplots().bar([0], [1])
+        fig.savefig(io.BytesIO(), format="png")
+    except Exception:  # noqa: BLE001 - any failure means: no charts, and say so
         return False
-    return bool(matplotlib)
+    return True
 
 
-MATPLOTLIB_NOTE = ("matplotlib is not installed: no PNG charts "
+MATPLOTLIB_NOTE = ("matplotlib is not installed or cannot draw here: no PNG charts "
                    "(pip install matplotlib, or pip install 'kernelkit[plot]')")
 
 
