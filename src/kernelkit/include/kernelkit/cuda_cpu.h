@@ -274,8 +274,9 @@ inline T shuffle(const T& v, unsigned src_lane, const kk::site& s) {
   rebind();
   return r;
 }
-inline unsigned ballot(bool p, const kk::site& s) {
-  const unsigned r = kk::simd_ballot(p, s);
+inline unsigned ballot(bool p, const kk::site& s, unsigned* active = nullptr) {
+  unsigned a;
+  const unsigned r = kk::cpu_detail::ballot(p, active ? active : &a, s);
   rebind();
   return r;
 }
@@ -385,17 +386,6 @@ inline unsigned shfl_source(shfl_mode mode, unsigned b, int width) {
   return unsigned(ok ? j : lane);
 }
 
-// One rendezvous: the active lanes and every lane's predicate.
-inline unsigned vote(bool p, unsigned* active, const kk::site& s) {
-  kk::cpu_detail::lanes<bool> all;
-  unsigned mask = exchange(p, all.data(), s), r = 0;
-  for (unsigned m = mask; m; m &= m - 1) {
-    unsigned lane = unsigned(__builtin_ctz(m));
-    if (all.get(lane)) r |= 1u << lane;
-  }
-  *active = mask;
-  return r;
-}
 
 template <class T>
 inline bool same_bits(const T& a, const T& b) { return memcmp(&a, &b, sizeof(T)) == 0; }
@@ -445,7 +435,7 @@ inline int __all_sync(unsigned mask, int predicate, kk::site s = KK_SITE("__all_
 }
 inline int __uni_sync(unsigned mask, int predicate, kk::site s = KK_SITE("__uni_sync")) {
   unsigned active;
-  const unsigned yes = kk_cuda_cpu::vote(predicate != 0, &active, s) & mask;
+  const unsigned yes = ::kk_cuda_cpu::ballot(predicate != 0, s, &active) & mask;
   return yes == 0 || yes == (active & mask);
 }
 

@@ -155,14 +155,23 @@ KK_FN T simd_shuffle(T v, unsigned src_lane, site s = KK_SITE("simd_shuffle")) {
   return v;
 }
 
-KK_FN unsigned simd_ballot(bool p, site s = KK_SITE("simd_ballot")) {
-  cpu_detail::lanes<bool> all;
+namespace cpu_detail {
+// One rendezvous: the lanes where p holds; *active receives the active lanes.
+inline unsigned ballot(bool p, unsigned* active, const site& s) {
+  lanes<bool> all;
   unsigned mask = simd_exchange(p, all.data(), s), r = 0;
   for (unsigned m = mask; m; m &= m - 1) {
     unsigned lane = unsigned(__builtin_ctz(m));
     if (all.get(lane)) r |= 1u << lane;
   }
+  *active = mask;
   return r;
+}
+}  // namespace cpu_detail
+
+KK_FN unsigned simd_ballot(bool p, site s = KK_SITE("simd_ballot")) {
+  unsigned active;
+  return cpu_detail::ballot(p, &active, s);
 }
 
 // Lanes of the aligned group of W lanes (W = 32: simd_*, W = 4: quad_*) of `lane`.

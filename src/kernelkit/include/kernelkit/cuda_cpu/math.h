@@ -255,13 +255,6 @@ inline I float_to_int(F f, char mode) {  // saturating, NaN -> 0, as the GPU con
   if (f >= F(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
   return I(f);
 }
-template <class To, class From>
-inline To bits(const From& f) {
-  static_assert(sizeof(To) == sizeof(From), "sizes differ");
-  To t;
-  memcpy(&t, &f, sizeof t);
-  return t;
-}
 }  // namespace kk_cuda_cpu
 
 // Functions CUDA adds to the C library, float and double (and C++ overloads).
@@ -388,16 +381,16 @@ inline double __dsqrt_rn(double a) { return sqrt(a); }
 inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 
 // Bit casts.
-inline int __float_as_int(float f) { return kk_cuda_cpu::bits<int>(f); }
-inline unsigned __float_as_uint(float f) { return kk_cuda_cpu::bits<unsigned>(f); }
-inline float __int_as_float(int i) { return kk_cuda_cpu::bits<float>(i); }
-inline float __uint_as_float(unsigned i) { return kk_cuda_cpu::bits<float>(i); }
-inline long long __double_as_longlong(double d) { return kk_cuda_cpu::bits<long long>(d); }
-inline double __longlong_as_double(long long i) { return kk_cuda_cpu::bits<double>(i); }
-inline int __double2hiint(double d) { return int(kk_cuda_cpu::bits<unsigned long long>(d) >> 32); }
-inline int __double2loint(double d) { return int(kk_cuda_cpu::bits<unsigned long long>(d) & 0xffffffffu); }
+inline int __float_as_int(float f) { return kk::cpu_detail::bit_cast<int>(f); }
+inline unsigned __float_as_uint(float f) { return kk::cpu_detail::bit_cast<unsigned>(f); }
+inline float __int_as_float(int i) { return kk::cpu_detail::bit_cast<float>(i); }
+inline float __uint_as_float(unsigned i) { return kk::cpu_detail::bit_cast<float>(i); }
+inline long long __double_as_longlong(double d) { return kk::cpu_detail::bit_cast<long long>(d); }
+inline double __longlong_as_double(long long i) { return kk::cpu_detail::bit_cast<double>(i); }
+inline int __double2hiint(double d) { return int(kk::cpu_detail::bit_cast<unsigned long long>(d) >> 32); }
+inline int __double2loint(double d) { return int(kk::cpu_detail::bit_cast<unsigned long long>(d) & 0xffffffffu); }
 inline double __hiloint2double(int hi, int lo) {
-  return kk_cuda_cpu::bits<double>((static_cast<unsigned long long>(unsigned(hi)) << 32) | unsigned(lo));
+  return kk::cpu_detail::bit_cast<double>((static_cast<unsigned long long>(unsigned(hi)) << 32) | unsigned(lo));
 }
 
 // Integer intrinsics.
