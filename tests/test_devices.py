@@ -69,3 +69,37 @@ def test_inputs_on_cuda_1_run_on_cuda_1():
             out_s = _call(k, a1)
         s.synchronize()
     torch.testing.assert_close(out_s, a1 * 2 + 1)
+
+
+@pytest.mark.gpu
+def test_gpu_fault_is_a_clear_error():
+    """A kernel writing through a bad pointer loses the CUDA context; the next kernelkit launch
+    says so. In a child process: the context does not come back."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import torch, kernelkit as kk
+        bad = kk.cuda_kernel(name="bad", input_names=["a"], output_names=["out"],
+                             source="*(float*)(0x10) = a[0]; out[0] = 1;")
+        a = torch.ones(1, device="cuda")
+        bad(inputs=[a], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)],
+            output_dtypes=[torch.float32])
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:
+            print("torch:", type(e).__name__)
+        try:
+            bad(inputs=[a], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)],
+                output_dtypes=[torch.float32])
+        except kk.KernelLaunchError as e:
+            print("kernelkit:", type(e).__name__, e)
+    """)
+    import os
+    env = dict(os.environ, KERNELKIT_POISON_OUTPUTS="0")  # no torch fill between the two launches
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert "kernelkit: GPUFault" in r.stdout, r.stdout + r.stderr
+    assert "CUDA context of this process is lost" in r.stdout

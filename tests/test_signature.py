@@ -131,3 +131,12 @@ def test_every_dtype_round_trips(device, dtype):
     out = _copy_kernel()(inputs=[x], grid=(37, 1, 1), threadgroup=(32, 1, 1),
                          output_shapes=[(37,)], output_dtypes=[dtype])[0]
     assert torch.equal(out, x)
+
+
+def test_template_as_a_dict_each_call_its_own():
+    body = "out[thread_position_in_grid.x] = N;"
+    k = kk.metal_kernel(name="tdict", input_names=[], output_names=["out"], source=body)
+    for n in (3, 7):
+        out = k(inputs=[], template={"N": n}, grid=(2, 1, 1), threadgroup=(2, 1, 1),
+                output_shapes=[(2,)], output_dtypes=[torch.int32], stream="cpu")[0]
+        assert out.tolist() == [n, n]

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 import os as _os  # noqa: E402
 
 from .autodiff import custom_function  # noqa: E402
-from .errors import CompileError, KernelLaunchError  # noqa: E402
+from .errors import CompileError, GPUFault, KernelLaunchError  # noqa: E402
 
 
 def _load_gpu_bindings() -> None:
@@ -47,4 +47,5 @@ def cuda_kernel(name, input_names, output_names, source, header="", ensure_row_c
                   False, compile_options, shared_memory)
 
 
-__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "CompileError", "KernelLaunchError", "__version__"]
+__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "CompileError", "KernelLaunchError",
+           "GPUFault", "__version__"]

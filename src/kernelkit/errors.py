@@ -30,6 +30,10 @@ class KernelLaunchError(RuntimeError):
     """A driver call failed, or the CPU runtime stopped a launch."""
 
 
+class GPUFault(KernelLaunchError):
+    """A kernel faulted on the GPU (reported at a later launch): the process's CUDA context is lost."""
+
+
 def annotate(log: str, body: str, header: str) -> str:
     """The compiler log, each diagnostic on the user's body or header followed by that line."""
     texts = {"body": body.splitlines(), "header": header.splitlines()}

@@ -21,7 +21,6 @@ from .dialects import identifiers
 from .signature import ATTRIBUTES, NDIM_CAPACITY, InputSpec, Signature, check_identifier, template_args
 
 MATH_MODES = ("safe", "relaxed", "fast")
-MAX_THREADS_PER_GROUP = 1024  # Metal's and CUDA's limit; the CPU backend keeps it too
 _POISON = os.environ.get("KERNELKIT_POISON_OUTPUTS", "") not in ("", "0")
 
 
@@ -111,9 +110,7 @@ class Kernel:
         shapes = [self._shape(s, i) for i, s in enumerate(output_shapes)]
         grid, group = _memo(self._checked, ("dispatch", device, grid, threadgroup),
                             lambda: self._dispatch(backend, device, grid, threadgroup))
-        targs = () if template is None else _memo(
-            self._checked, ("template", *map(tuple, template)) if isinstance(template, (list, tuple)) else None,
-            lambda: tuple(template_args(template, self._param_names(), c)))
+        targs = self._template(template)
         if numpy_in and any(d.name == "bfloat16" for d in out_dtypes):
             raise TypeError(f"[{c}] NumPy has no bfloat16: pass torch tensors for bfloat16 outputs.")
 
@@ -136,6 +133,15 @@ class Kernel:
         if numpy_in:
             return [arrays.to_numpy(o) for o in outputs]
         return outputs
+
+    def _template(self, template) -> tuple:
+        def check():
+            return tuple(template_args(template, self._param_names(), self.caller))
+        if template is None:
+            return ()
+        if isinstance(template, (list, tuple)):  # remembered by its (name, value) pairs
+            return _memo(self._checked, ("template", *map(tuple, template)), check)
+        return check()
 
     def _dispatch(self, backend, device, grid, threadgroup):
         grid = self._dims(grid, "grid")

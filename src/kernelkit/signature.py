@@ -142,10 +142,6 @@ class Signature:
         add("kk_shared", "unsigned", None, "I", 4)  # dynamic shared memory, bytes
         return fields
 
-    @property
-    def names(self) -> set[str]:
-        return {p.name for p in self.params}
-
 
 def _pad(prev: Field | None, f: Field) -> str:
     end = 0 if prev is None else prev.offset + prev.size * prev.count

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CompileError, KernelLaunchError
+from ..errors import CompileError, GPUFault, KernelLaunchError
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 # "fast" is --use_fast_math less its rewriting of the C math functions into intrinsics: the
@@ -227,11 +227,28 @@ class _ContextGuard:
         return False
 
 
-def launch(device: Device, func, blocks, threads, shared: int, stream: int, params_address: int) -> None:
+# Errors a kernel leaves behind that the driver reports on every later call: the process's
+# CUDA context is lost (CUDA's "sticky" errors).
+_STICKY = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS",
+           "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC",
+           "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT"}
+
+
+def launch(device: Device, func, blocks, threads, shared: int, stream: int, params_address: int,
+           name: str = "") -> None:
     driver = _driver()
     with device.current():
         err, = driver.cuLaunchKernel(func, *blocks, *threads, shared, stream, params_address, 0)
     if int(err) != 0:
+        error = driver.cuGetErrorName(err)[1]
+        error = error.decode() if error else str(err)
+        if error in _STICKY:
+            raise GPUFault(
+                f"launching kernel {name!r} on cuda:{device.index}: the GPU reports {error} from a "
+                "kernel that ran before it (launches are asynchronous). The CUDA context of this "
+                "process is lost: every later CUDA call fails, in torch too; restart the process. "
+                "To find the faulty access, run the kernel on the CPU backend with CPU tensors, or "
+                "under `compute-sanitizer --tool memcheck`.")
         _check((err,), "cuLaunchKernel")
 
 
@@ -280,7 +297,7 @@ class CudaBackend:
                   (grid[2] + group[2] - 1) // group[2])
         with program.lock:  # the driver copies the block during cuLaunchKernel; one launch at a time
             ctypes.memmove(program.block, block, len(block))
-            launch(dev, func, blocks, group, shared, handle, program.params_address)
+            launch(dev, func, blocks, group, shared, handle, program.params_address, name)
 
 
 class _Program:
