@@ -131,3 +131,19 @@ def test_missing_cxx_compiler_is_a_clear_error(monkeypatch):
     finally:
         monkeypatch.undo()
         cpu.compiler.cache_clear()
+
+
+def test_invalid_memory_access_is_a_launch_error_and_the_process_lives():
+    """CPU backend: a kernel dereferencing a wild pointer fails its launch with the
+    address; the next launch works (the process is not killed by SIGSEGV)."""
+    body = "device float* p = (device float*)(0x10); out[0] = p[0];"
+    k = kk.metal_kernel(name="wild", input_names=["a"], output_names=["out"], source=body)
+    with pytest.raises(kk.KernelLaunchError,
+                       match=r"kernel '.*wild.*': invalid memory access at address 0x10 \(SIGSEGV\) "
+                             r"in threadgroup \(0,0,0\) \(the CPU backend stopped the launch; an "
+                             r"out-of-bounds index is the usual cause\)"):
+        k(inputs=[torch.zeros(4)], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
+          output_dtypes=[torch.float32])
+    k = kk.metal_kernel(name="add", input_names=["a", "b"], output_names=["out"], source=BODY)
+    (out,) = call(k, inputs=[torch.arange(4.0), torch.ones(4)])
+    assert out.tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -161,6 +161,35 @@ def check_separate_threadgroup_memory():
         np.testing.assert_array_equal(out, group_sums(x, 1024))
 
 
+def check_segv():
+    """A kernel reading an invalid address fails its launch; Python lives on."""
+    k0, k1 = load("k0.so"), load("k1.so")
+    x = np.ones(4096, np.float32)
+    y = np.zeros_like(x)
+    # 16 groups over the pool: whichever participant faults first reports.
+    for lib, sync, where in [(k0, 0, "(SIGSEGV) in threadgroup ("),
+                             (k1, 1, "(SIGSEGV) in thread (0,0,0) of threadgroup (")]:
+        desc = LaunchDesc(Dim3(4096, 1, 1), Dim3(256, 1, 1), Dim3(16, 1, 1), sync, b"wild")
+        args = Args(0x10, y.ctypes.data, 4096)  # inp: an invalid address
+        err = ctypes.create_string_buffer(1024)
+        assert lib.kk_launch(ctypes.byref(args), ctypes.byref(desc), err, len(err)) != 0
+        e = err.value.decode()
+        assert e.startswith("kernel 'wild': invalid memory access at address 0x") and where in e \
+            and "(SIGSEGV)" in e and "out-of-bounds index is the usual cause" in e, e
+    assert launch(k0, x, y, len(x), 256, 0) is None
+    np.testing.assert_array_equal(y, x * 2 + 1)
+
+
+def check_segv_outside():
+    """With faulthandler on, a fault outside any kernel goes to it (after a launch
+    installed the runtime's handlers), and the process dies of SIGSEGV."""
+    import faulthandler
+    faulthandler.enable()
+    check_segv()
+    print("faulting outside a kernel", flush=True)
+    ctypes.string_at(0x10, 4)
+
+
 CHECKS = {
     "loop": check_loop,
     "fiber": check_fiber,
@@ -168,6 +197,8 @@ CHECKS = {
     "errors": check_errors,
     "threads": check_threads,
     "separate_tg_memory": check_separate_threadgroup_memory,
+    "segv": check_segv,
+    "segv_outside": check_segv_outside,
 }
 
 if __name__ == "__main__":

@@ -867,6 +867,110 @@ static void test_concurrent() {
 }
 
 // ---------------------------------------------------------------------------
+// Invalid memory accesses: the launch fails with the address, the process lives.
+
+struct SegvArgs {
+  float* wild;  // an invalid address, passed at run time (no compile-time null)
+  unsigned bad_group, bad_thread;
+  float* out;
+};
+
+static void segv_loop_body(const SegvArgs* a, const kk_thread_ctx* t) {
+  const unsigned i = gx(t);
+  if (t->gid.x == a->bad_group && t->tindex == a->bad_thread) a->wild[i] = 1.f;
+  a->out[i] = float(i);
+}
+
+static void segv_fiber_body(const SegvArgs* a, const kk_thread_ctx* t) {
+  const unsigned i = gx(t);
+  a->out[i] = float(i);
+  kk::threadgroup_barrier();
+  if (t->gid.x == a->bad_group && t->tindex == a->bad_thread) a->out[i] = a->wild[1000];
+  kk::threadgroup_barrier();
+}
+
+static unsigned recurse(volatile unsigned* p, unsigned n) {
+  volatile unsigned local[64];
+  local[n % 64] = n;
+  if (n == 0xffffffffu) return local[0];
+  return recurse(local, n + 1) + p[0];  // not a tail call
+}
+
+static void overflow_body(const SegvArgs* a, const kk_thread_ctx* t) {
+  kk::threadgroup_barrier();
+  volatile unsigned seed = 1;
+  if (t->tindex == a->bad_thread) a->out[0] = float(recurse(&seed, 0));
+}
+
+static void test_segv() {
+  std::vector<float> out(256 * 64);
+  float* wild = reinterpret_cast<float*>(uintptr_t(0x10));
+  for (unsigned groups : {4u, 64u}) {  // on the calling thread alone, then on the pool
+    // Loop mode: the group is known, not the thread.
+    SegvArgs a{wild, 3, 5, out.data()};
+    std::string e = launch<SegvArgs, segv_loop_body>("wild_loop", a, {256 * groups, 1, 1},
+                                                     {256, 1, 1}, false);
+    char want[256];
+    snprintf(want, sizeof want, "kernel 'wild_loop': invalid memory access at address 0x%x "
+             "(SIGSEGV) in threadgroup (3,0,0) (the CPU backend stopped the launch; an "
+             "out-of-bounds index is the usual cause)", 0x10 + (3 * 256 + 5) * 4);
+    CHECK(e == want, "loop mode (%u groups): %s", groups, e.c_str());
+    CHECK(run_reduce(64, false), "launch after a fault (loop mode) failed");
+    // Fiber mode, after a barrier: the thread is known.
+    SegvArgs b{nullptr, 2, 70, out.data()};
+    e = launch<SegvArgs, segv_fiber_body>("null_fiber", b, {256 * groups, 1, 1}, {256, 1, 1}, true);
+    CHECK(e == "kernel 'null_fiber': invalid memory access at address 0xfa0 (SIGSEGV) in thread "
+               "(70,0,0) of threadgroup (2,0,0) (the CPU backend stopped the launch; an "
+               "out-of-bounds index is the usual cause)",
+          "fiber mode (%u groups): %s", groups, e.c_str());
+    CHECK(run_reduce(64, false), "launch after a fault (fiber mode) failed");
+    // The group's fibers were abandoned mid-flight: their stacks work again.
+    e = launch<SegvArgs, segv_fiber_body>("ok", SegvArgs{wild, ~0u, 0, out.data()},
+                                          {256 * groups, 1, 1}, {256, 1, 1}, true);
+    CHECK(e.empty() && out[256 * groups - 1] == float(256 * groups - 1), "%s", e.c_str());
+  }
+  // A fiber that overflows its stack hits the guard page.
+  for (int k = 0; k < 2; ++k) {
+    SegvArgs a{nullptr, 0, 7, out.data()};
+    std::string e = launch<SegvArgs, overflow_body>("deep", a, {64, 1, 1}, {64, 1, 1}, true);
+    CHECK(contains(e, "kernel 'deep': stack overflow (invalid memory access at address 0x") &&
+              contains(e, "in thread (7,0,0) of threadgroup (0,0,0)") &&
+              contains(e, "deep recursion"),
+          "overflow: %s", e.c_str());
+    CHECK(run_reduce(64, false), "launch after a stack overflow failed");
+  }
+  // Many faulting launches from several OS threads at once, good ones between.
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int k = 0; k < 4; ++k)
+    ts.emplace_back([k, wild, &bad] {
+      std::vector<float> o(256 * 64);
+      for (int r = 0; r < 20; ++r) {
+        SegvArgs a{wild, unsigned(r % 64), unsigned(k), o.data()};
+        std::string e = (r + k) % 2
+            ? launch<SegvArgs, segv_loop_body>("w", a, {256 * 64, 1, 1}, {256, 1, 1}, false)
+            : launch<SegvArgs, segv_fiber_body>("w", a, {256 * 64, 1, 1}, {256, 1, 1}, true);
+        if (!contains(e, "invalid memory access at address")) bad++;
+        if (!run_reduce(r % 2 ? 64 : 3, false)) bad++;
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(bad == 0, "%d concurrent faulting launches went wrong", bad.load());
+}
+
+// After a launch (the handlers are installed), a fault outside any kernel still
+// kills the process with SIGSEGV (run by test_cpu_runtime.py, which expects it).
+static void test_segv_outside() {
+  CHECK(run_reduce(64, false), "reduce");
+  printf("faulting outside a kernel\n");
+  fflush(stdout);
+  volatile int* volatile p = reinterpret_cast<int*>(uintptr_t(0x10));
+  *p = 1;
+  printf("FAIL: survived\n");
+  exit(1);
+}
+
+// ---------------------------------------------------------------------------
 // Benchmarks (printed, not asserted beyond sanity).
 
 struct BenchArgs {
@@ -937,6 +1041,7 @@ int main(int argc, char** argv) {
       {"divergent", test_divergent},
       {"deadlock", test_deadlock},   {"fail", test_fail},     {"atomics", test_atomics},
       {"half", test_half},           {"concurrent", test_concurrent}, {"bench", test_bench},
+      {"segv", test_segv},           {"segv_outside", test_segv_outside},
   };
   if (argc < 2) {
     fprintf(stderr, "usage: %s NAME...|all\n", argv[0]);
@@ -946,7 +1051,7 @@ int main(int argc, char** argv) {
   for (int k = 1; k < argc; ++k) {
     bool found = false;
     for (const Test& t : tests)
-      if (!strcmp(argv[k], "all") ? strcmp(t.name, "bench") != 0 : !strcmp(argv[k], t.name)) {
+      if (!strcmp(argv[k], "all") ? strcmp(t.name, "bench") != 0 && strcmp(t.name, "segv_outside") != 0 : !strcmp(argv[k], t.name)) {
         found = true;
         int before = g_failures;
         t.fn();

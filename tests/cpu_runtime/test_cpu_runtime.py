@@ -9,6 +9,7 @@ directory; building takes a few seconds, the tests a few more.
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -97,7 +98,7 @@ def _run(argv, libdir, timeout=60):
 
 
 RT_TESTS = ["reduce", "simd", "edge", "early_return", "registers", "fenv", "divergent",
-            "deadlock", "fail", "atomics", "half", "concurrent"]
+            "deadlock", "fail", "atomics", "half", "concurrent", "segv"]
 
 
 @pytest.mark.parametrize("name", RT_TESTS)
@@ -114,7 +115,8 @@ def test_half_f16c(build):
 
 def test_ucontext_fallback(build):
     """The portable switch (other architectures) behaves the same."""
-    names = ["simd", "edge", "early_return", "registers", "fenv", "divergent", "deadlock", "fail"]
+    names = ["simd", "edge", "early_return", "registers", "fenv", "divergent", "deadlock", "fail",
+             "segv"]
     out = _run([build / "rt_tests", *names], build / "uc")
     for name in names:
         assert f"ok {name}" in out
@@ -133,6 +135,29 @@ def test_error_text(build):
         r"at \S+:\d+", out), out
 
 
+def _run_expecting_segv(argv, libdir, env=None):
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libdir), **(env or {}))
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env,
+                          timeout=60)
+    print(proc.stdout, proc.stderr)
+    assert "faulting outside a kernel" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stdout + proc.stderr)
+    return proc
+
+
+def test_segv_outside_kernel_still_crashes(build):
+    """The runtime's SIGSEGV handler passes faults outside kernels on: default action."""
+    _run_expecting_segv([build / "rt_tests", "segv_outside"], build / "rt")
+
+
+def test_segv_outside_kernel_reaches_faulthandler(build):
+    """... or Python's faulthandler, installed before the runtime's handler."""
+    pytest.importorskip("numpy")
+    proc = _run_expecting_segv([sys.executable, HERE / "ctypes_driver.py", build, "segv_outside"],
+                               build / "rt")
+    assert "Fatal Python error: Segmentation fault" in proc.stderr, proc.stderr
+
+
 def test_bench(build):
     """Prints the fiber switch cost and the launch overhead (run pytest -s to see)."""
     out = _run([build / "rt_tests", "bench"], build / "rt")
@@ -144,7 +169,7 @@ def test_bench(build):
 
 
 @pytest.mark.parametrize("check", ["loop", "fiber", "entry", "errors", "threads",
-                                   "separate_tg_memory"])
+                                   "separate_tg_memory", "segv"])
 def test_ctypes(build, check):
     pytest.importorskip("numpy")
     out = _run([sys.executable, HERE / "ctypes_driver.py", build, check], build / "rt")

@@ -28,6 +28,18 @@
 // Errors (deadlock, divergence, kk_rt_fail) set the launch's error once; other
 // participants stop taking groups; the failing group's fibers are dropped (their
 // stacks are reused). In loop mode kk_rt_fail longjmps back to the participant.
+//
+// Invalid memory accesses (SIGSEGV, SIGBUS)
+//   Handlers are installed once (SA_SIGINFO | SA_ONSTACK; the previous ones are
+//   kept) and every participant thread has an alternate signal stack, so that a
+//   fiber that overflows its stack into the guard page is caught too. While a
+//   participant runs groups (Worker::in_kernel, set after the sigsetjmp in
+//   participate()), a fault records its address and signal and siglongjmps back
+//   to the participant, which unblocks the signal, turns the fault into the
+//   launch's error (with the running fiber's thread, or the group in loop mode)
+//   and stops; in fiber mode the group's fibers are abandoned as for kk_rt_fail.
+//   Any other fault goes to the previous handler as it would have without us
+//   (Python's faulthandler, or the default action: death by the signal).
 
 #if __has_include("cpu_runtime.h")  // compiled in place
 #include "cpu_runtime.h"
@@ -40,6 +52,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -314,17 +327,66 @@ struct Worker {
   unsigned runlist[kMaxGroupThreads];
   unsigned run_pos = 0, run_count = 0;
   bool abort = false;
+  // Invalid memory access (see the top): in_kernel while groups run on this
+  // thread; the handler fills fault_* before it jumps back to participate().
+  volatile sig_atomic_t in_kernel = 0;
+  void* volatile fault_addr = nullptr;
+  volatile int fault_sig = 0;
+  void* altstack = nullptr;  // the alternate signal stack we installed (or none)
+  size_t altstack_size = 0;
   kk_thread_fn fn = nullptr;
   const void* args = nullptr;
   const kk_launch_desc* d = nullptr;
   kk_dim3 gid{0, 0, 0};
   std::vector<unsigned char> gather;
 
-  Worker() { current = &kk_rt_current; }
+  Worker() {
+    current = &kk_rt_current;
+    install_altstack();
+  }
   ~Worker() {
     size_t map_size = kStacksPerMap * (kStackSize + page_size());
     for (char* m : maps) munmap(m, map_size);
     delete[] fibers;
+    if (altstack) {
+      stack_t cur;
+      if (sigaltstack(nullptr, &cur) == 0 && cur.ss_sp == altstack && !(cur.ss_flags & SS_ONSTACK)) {
+        stack_t off;
+        memset(&off, 0, sizeof off);
+        off.ss_flags = SS_DISABLE;
+        sigaltstack(&off, nullptr);
+        munmap(altstack, altstack_size);
+      }  // else someone else's is in place now: leave ours mapped
+    }
+  }
+  // An alternate signal stack for this OS thread, unless it has one already
+  // (Python's faulthandler installs one on the main thread).
+  void install_altstack() {
+    stack_t cur;
+    if (sigaltstack(nullptr, &cur) != 0 || !(cur.ss_flags & SS_DISABLE)) return;
+    size_t size = std::max<size_t>(size_t(SIGSTKSZ), 64 * 1024);
+    void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return;
+    stack_t ss;
+    memset(&ss, 0, sizeof ss);
+    ss.ss_sp = m;
+    ss.ss_size = size;
+    if (sigaltstack(&ss, nullptr) != 0) {
+      munmap(m, size);
+      return;
+    }
+    altstack = m;
+    altstack_size = size;
+  }
+  // Whether addr lies in the guard page of one of this thread's fiber stacks.
+  bool in_guard_page(uintptr_t addr) {
+    const size_t slot = kStackSize + page_size();
+    for (char* m : maps) {
+      uintptr_t b = reinterpret_cast<uintptr_t>(m);
+      if (addr < b || addr >= b + kStacksPerMap * slot) continue;
+      return (addr - b) % slot < page_size();
+    }
+    return false;
   }
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -705,15 +767,122 @@ void participate_chunks(Launch* L, Worker* w) {
       if (L->failed.load(std::memory_order_relaxed)) return;
       size_t q = g / n.x;
       kk_dim3 gid{unsigned(g - q * n.x), unsigned(q % n.y), unsigned(q / n.y)};
+      w->gid = gid;  // for the error text of an invalid memory access
       L->fn(L->args, L->d, gid, w);
     }
   }
 }
 
+// ---------------------------------------------------------------------------
+// Invalid memory accesses.
+
+std::atomic<int> g_in_launch{0};  // participants inside participate(), all threads
+struct sigaction g_prev_segv, g_prev_bus;
+std::once_flag g_signals_once;
+
+// Hands a fault that is not ours to the handler that was installed before ours,
+// as it would have run without us.
+void chain_signal(int sig, siginfo_t* si, void* uc) {
+  const struct sigaction* p = sig == SIGBUS ? &g_prev_bus : &g_prev_segv;
+  const bool fault = si && si->si_code > 0;  // raised by the kernel, not by kill()/raise()
+  if ((p->sa_flags & SA_SIGINFO) && p->sa_sigaction) {
+    p->sa_sigaction(sig, si, uc);
+    return;
+  }
+  if (!(p->sa_flags & SA_SIGINFO) && p->sa_handler == SIG_IGN) {
+    if (!fault) return;  // a fault cannot be ignored: the kernel would kill the process
+  } else if ((p->sa_flags & SA_SIGINFO) || p->sa_handler != SIG_DFL) {
+    p->sa_handler(sig);
+    return;
+  }
+  // The default action: restore it and raise again (delivered when this handler
+  // returns; a fault would also recur on the faulting instruction).
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);
+}
+
+void fault_handler(int sig, siginfo_t* si, void* uc) {
+  if (g_in_launch.load(std::memory_order_relaxed) > 0) {
+    Worker* w = tls_worker;
+    if (w && w->in_kernel) {
+      w->in_kernel = 0;
+      w->fault_addr = si ? si->si_addr : nullptr;
+      w->fault_sig = sig;
+      siglongjmp(w->jb, 2);  // to participate(); the mask is restored there
+    }
+  }
+  int saved = errno;
+  chain_signal(sig, si, uc);
+  errno = saved;
+}
+
+void install_signal_handlers() {
+  std::call_once(g_signals_once, [] {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = fault_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_prev_segv);
+    sigaction(SIGBUS, &sa, &g_prev_bus);
+  });
+}
+
+// After the handler jumped back: the launch's error for the fault, and the
+// group's fibers abandoned (their stacks are reused by the next group).
+void fault_error(Launch* L, Worker* w) {
+  const int sig = w->fault_sig;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);  // blocked while the handler ran
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(w->fault_addr);
+  const kk_thread_ctx* t = *w->current;  // the running fiber (NULL in loop mode)
+  const bool overflow = w->nfibers && w->in_guard_page(addr);
+  char msg[1024];
+  int n = snprintf(msg, sizeof msg, "kernel '%s': ", kernel_name(L->d));
+  if (overflow)
+    n += snprintf(msg + n, sizeof msg - size_t(n),
+                  "stack overflow (invalid memory access at address 0x%llx in the guard page of "
+                  "the thread's %zu KiB stack, %s)",
+                  (unsigned long long)addr, kStackSize / 1024, sig == SIGBUS ? "SIGBUS" : "SIGSEGV");
+  else
+    n += snprintf(msg + n, sizeof msg - size_t(n), "invalid memory access at address 0x%llx (%s)",
+                  (unsigned long long)addr, sig == SIGBUS ? "SIGBUS" : "SIGSEGV");
+  if (t)
+    n += snprintf(msg + n, sizeof msg - size_t(n), " in thread (%u,%u,%u) of threadgroup (%u,%u,%u)",
+                  t->tid.x, t->tid.y, t->tid.z, t->gid.x, t->gid.y, t->gid.z);
+  else
+    n += snprintf(msg + n, sizeof msg - size_t(n), " in threadgroup (%u,%u,%u)", w->gid.x,
+                  w->gid.y, w->gid.z);
+  snprintf(msg + n, sizeof msg - size_t(n), " (the CPU backend stopped the launch; %s)",
+           overflow ? "deep recursion or large local arrays are the usual cause"
+                    : "an out-of-bounds index is the usual cause");
+  set_error(L, msg);
+  w->nfibers = 0;
+  w->live = 0;
+  w->run_count = 0;
+  w->abort = false;
+}
+
 // Runs groups of L on this OS thread until none is left or the launch failed.
 void participate(Launch* L, Worker* w) {
   w->launch = L;
-  if (sigsetjmp(w->jb, 0) == 0) participate_chunks(L, w);
+  g_in_launch.fetch_add(1, std::memory_order_relaxed);
+  if (sigsetjmp(w->jb, 0) == 0) {  // 1: kk_rt_fail, 2: a fault (the handler set fault_sig)
+    w->in_kernel = 1;
+    participate_chunks(L, w);
+  }
+  w->in_kernel = 0;
+  if (w->fault_sig) {
+    fault_error(L, w);
+    w->fault_sig = 0;
+  }
+  g_in_launch.fetch_sub(1, std::memory_order_relaxed);
   w->launch = nullptr;
   *w->current = nullptr;
 }
@@ -793,7 +962,10 @@ Worker* caller_worker() {
     Worker** p;
     ~Holder() { delete *p; }
   } holder{&w};
-  if (!w) w = new Worker;
+  if (!w) {
+    install_signal_handlers();
+    w = new Worker;
+  }
   tls_worker = w;
   (void)holder;
   return w;
