@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this checkout's kernelkit
 
-from kernelkit.benchmarks import HAND_PORT, cuda_median_ms as median_ms, script_main  # noqa: E402, F401
+from kernelkit.benchmarks import script_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(script_main("grid_sample"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this checkout's kernelkit
 
-from kernelkit.benchmarks import per_call_us, script_main  # noqa: E402, F401
+from kernelkit.benchmarks import script_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(script_main("overhead"))
