@@ -10,6 +10,7 @@ partial file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
+
+_INCLUDE = Path(__file__).resolve().parent / "include"
 
 
 def cache_dir() -> Path:
@@ -28,10 +31,21 @@ def cache_dir() -> Path:
     return Path(base) / "kernelkit"
 
 
-def key_of(*parts: str) -> str:
-    """Everything that changes the binary: source, options, target, compiler, kernelkit version."""
+@functools.lru_cache(maxsize=None)
+def prelude_digest() -> str:
+    """The prelude headers' contents: the generated source only #includes them."""
     h = hashlib.sha256()
-    for part in (__version__, *parts):
+    for path in sorted(p for p in _INCLUDE.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(_INCLUDE)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def key_of(*parts: str) -> str:
+    """Everything that changes the binary: source, prelude headers, options, target, compiler,
+    kernelkit version."""
+    h = hashlib.sha256()
+    for part in (__version__, prelude_digest(), *parts):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
-# NVRTC writes `body(3): error: ...`; g++ and clang write `body:3:5: error: ...`.
+# NVRTC writes `body(3): error: ...`; g++ and clang write `body:3:5: error: ...`; NVRTC names the
+# line that instantiated a template as `... at line 2 of body`.
 _LOCATION = re.compile(r'^"?(body|header)"?(?:\((\d+)\)|:(\d+)(?::\d+)?):', re.MULTILINE)
+_INSTANTIATED_AT = re.compile(r'at line (\d+) of "?(body|header)"?\s*$')
 
 
 class CompileError(RuntimeError):
@@ -41,8 +43,12 @@ def annotate(log: str, body: str, header: str) -> str:
     for line in log.splitlines():
         out.append(line)
         m = _LOCATION.match(line)
-        if m:
-            where, number = m.group(1), int(m.group(2) or m.group(3))
+        at = None if m else _INSTANTIATED_AT.search(line)
+        if m or at:
+            if m:
+                where, number = m.group(1), int(m.group(2) or m.group(3))
+            else:
+                where, number = at.group(2), int(at.group(1))
             lines = texts[where]
             if 1 <= number <= len(lines):
                 out.append(f"    {where} line {number}: {lines[number - 1].strip()}")

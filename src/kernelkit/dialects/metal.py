@@ -102,7 +102,10 @@ def _is_pointer_or_reference(tokens: list[Token], code: list[int], n: int) -> bo
         elif angle <= 0:
             if text in ("*", "&", "&&"):
                 return True
-            if text in (";", "=", "[", "(", ")", ",", "{", "}"):
+            if text == "(":  # `(&r)[N]`, `(*p)[N]`: a parenthesised declarator
+                after = next((tokens[j].text for j in code if j > i), "")
+                return after in ("*", "&", "&&")
+            if text in (";", "=", "[", ")", ",", "{", "}"):
                 return False
     return False
 
@@ -114,26 +117,35 @@ def _swizzle(name: str) -> str:
 
 
 def member_names(source: str) -> set[str]:
-    """Identifiers declared inside the user's struct/class/union bodies: never read as swizzles."""
+    """Names the user's struct/class/union bodies declare as members (data or functions): those
+    are never read as swizzles. Names inside member function bodies, enumerators, and parameter
+    lists like `g(struct Pt p)` or `template <class T>` declare no members."""
     tokens = [t for t in tokenize(source) if t.kind not in ("ws", "comment")]
-    found, depth, inside = set(), 0, []  # brace depths at which an aggregate's body opened
-    pending = False
-    for t in tokens:
-        if t.kind == "ident" and t.text in ("struct", "class", "union"):
-            pending = True
-        elif t.text == ";":
-            pending = False
-        elif t.text == "{":
+    found, depth, bodies = set(), 0, []  # brace depths of the open aggregate bodies
+    head = None  # after struct/class/union: "name" (may see a name), "bases", or None
+    for n, t in enumerate(tokens):
+        text, prev = t.text, tokens[n - 1].text if n else ""
+        if t.kind == "ident" and text in ("struct", "class", "union") and prev != "enum" \
+                and not (text == "class" and prev in ("<", ",")):
+            head = "name"
+        elif head == "name" and t.kind == "ident":
+            head = "after-name"
+        elif head in ("name", "after-name") and text == ":":
+            head = "bases"
+        elif head and text == "{":
+            bodies.append(depth + 1)
+            head = None
+        elif head and head != "bases":
+            head = None  # `struct S s;`, `struct Pt p)`: no body follows
+        if text == "{":
             depth += 1
-            if pending:
-                inside.append(depth)
-                pending = False
-        elif t.text == "}":
-            if inside and inside[-1] == depth:
-                inside.pop()
+        elif text == "}":
+            if bodies and bodies[-1] == depth:
+                bodies.pop()
             depth -= 1
-        elif t.kind == "ident" and inside:
-            found.add(t.text)
+        elif t.kind == "ident" and bodies and bodies[-1] == depth and n + 1 < len(tokens) \
+                and tokens[n + 1].text in (";", ",", "[", "=", ":", "(") and prev not in (".", "->"):
+            found.add(text)
     return found
 
 
