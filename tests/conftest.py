@@ -29,18 +29,15 @@ def _compile_every_kernel_for_sm90():
     if not SM90_CHECK:
         yield
         return
-    from kernelkit import codegen
     from kernelkit.backends import cuda
     from kernelkit.cache import CACHE, key_of
     from kernelkit.kernel import Kernel
 
     original = Kernel._build
 
-    def build(self, key, backend, device, specs, out_dtypes, targs):
-        variant = original(self, key, backend, device, specs, out_dtypes, targs)
-        source = codegen.generate(self.dialect, "cuda", self.name, variant.signature,
-                                  self._lowered_header, self._lowered_body, self.math_mode,
-                                  self.uses_sync)
+    def build(self, *args, **kwargs):
+        variant = original(self, *args, **kwargs)
+        source = self._generate("cuda", variant.signature)  # checked variants too
         flags = tuple(self.dialect.compile_flags("cuda", self.math_mode))
         CACHE.get(key_of(source, self.math_mode, *flags, "sm_90", cuda.nvrtc_identity()), ".cubin",
                   source, lambda: cuda.compile_source(source, "sm_90", self.math_mode, flags))

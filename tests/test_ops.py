@@ -147,11 +147,30 @@ def test_grid_sample_gradcheck(device, mode, padding_mode, align_corners):
     assert torch.autograd.gradcheck(f, (x, grid), nondet_tol=1e-12)
 
 
+@pytest.mark.parametrize("tile_bytes", [4 * 40 * 3, 4 * 40, 64], ids=["3px", "1px", "channel-chunks"])
+@pytest.mark.parametrize("mode,padding_mode,align_corners",
+                         [("bilinear", "zeros", False), ("nearest", "zeros", True),
+                          ("bilinear", "reflection", True)])
+def test_grid_sample_backward_tiles(device, monkeypatch, tile_bytes, mode, padding_mode, align_corners):
+    """The backward's x_grad tiles: several per row, points whose corners straddle tiles, channels
+    split into chunks."""
+    module = sys.modules["kernelkit.ops.grid_sample"]
+    monkeypatch.setattr(module, "_TILE_BYTES", tile_bytes)
+    args = (mode, padding_mode, align_corners)
+    x = torch.randn(2, 9, 13, 40, device=device)
+    grid = lattice_grid(2, 6, 7, device, torch.float32)
+    cot = torch.randn(2, 6, 7, 40, device=device)
+    x_grad, grid_grad = _backward(x, grid, cot, *args)
+    x_ref, grid_ref = _reference_backward(x, grid, cot, *args)
+    torch.testing.assert_close(x_grad.double(), x_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grid_grad.double(), grid_ref, rtol=1e-4, atol=1e-4)
+
+
 def test_grid_sample_empty(device, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a kernel was launched for an empty tensor")
     module = sys.modules["kernelkit.ops.grid_sample"]  # kernelkit.ops.grid_sample is the function
-    for name in ("_sample", "_backward_bilinear", "_backward_nearest"):
+    for name in ("_sample", "_bin", "_place", "_scatter", "_finish"):
         monkeypatch.setattr(module, name, no_launch)
     cases = [((0, 4, 5, 3), (0, 2, 2, 2)), ((2, 4, 5, 0), (2, 2, 2, 2)), ((2, 4, 5, 3), (2, 0, 3, 2)),
              ((1, 0, 5, 3), (1, 0, 3, 2))]
@@ -169,23 +188,24 @@ def test_grid_sample_errors(device):
     x = torch.randn(2, 4, 5, 3, device=device)
     grid = torch.rand(2, 3, 3, 2, device=device)
     cases = [
-        ((x[0], grid), ValueError, "`x` must be 4-D"),
-        ((x, grid[0]), ValueError, "`grid` must be 4-D"),
-        ((x, torch.rand(2, 3, 3, 3, device=device)), ValueError, "last dim of `grid` must be 2"),
-        ((x, grid[:1]), ValueError, "same batch size"),
-        ((x.long(), grid), TypeError, "`x` must be float16, bfloat16, float32 or float64"),
-        ((x, grid.double()), TypeError, "same dtype"),
-        ((x, grid.to("meta")), ValueError, "same device"),
-        ((x.numpy() if device.type == "cpu" else [1.0], grid), TypeError, "must be a torch.Tensor"),
+        ((x[0], grid), ValueError, r"x has shape \(4, 5, 3\); expected 4 dims \(B, H, W, C\)"),
+        ((x, grid[0]), ValueError, r"grid has shape \(3, 3, 2\); expected 4 dims \(B=2, gH, gW, 2\)"),
+        ((x, torch.rand(2, 3, 3, 3, device=device)), ValueError,
+         r"expected \(B=2, gH, gW, 2\): dim 3 is 3, expected 2"),
+        ((x, grid[:1]), ValueError, r"dim 0 is 1, expected B=2 \(as in x\)"),
+        ((x.long(), grid), TypeError, "x has dtype int64; expected float16, bfloat16, float32 or float64"),
+        ((x, grid.double()), TypeError, r"grid has dtype float64; expected float32 \(the dtype of x\)"),
+        ((x, grid.to("meta")), ValueError, "grid is on meta but x is on .*; expected one device"),
+        ((x.numpy() if device.type == "cpu" else [1.0], grid), TypeError, "x must be a torch.Tensor"),
         ((x, grid, "bicubic"), ValueError, "mode must be one of"),
         ((x, grid, "bilinear", "wrap"), ValueError, "padding_mode must be one of"),
         ((x, grid, "bilinear", "zeros", 1), TypeError, "align_corners must be a bool"),
         ((x[:, :0], grid), ValueError, "non-empty spatial dims"),
     ]
     for args, error, message in cases:
-        with pytest.raises(error, match=message):
+        with pytest.raises(error, match="^grid_sample: .*" + message):
             grid_sample(*args)
-    with pytest.raises(ValueError, match="cotangent must have the output's shape"):
+    with pytest.raises(ValueError, match=r"cotangent has shape \(2, 3, 3, 4\); .* expected C=3"):
         grid_sample_backward(x, grid, torch.zeros(2, 3, 3, 4, device=device))
 
 
@@ -278,16 +298,16 @@ def test_matmul_add_relu_errors(device):
     a, b = torch.randn(4, 3, device=device), torch.randn(3, 5, device=device)
     c = torch.randn(5, device=device)
     cases = [
-        ((a[0], b, c), ValueError, "at least 2 dims"),
-        ((a, b[:2], c), ValueError, "inner dims differ"),
+        ((a[0], b, c), ValueError, r"lhs has shape \(3,\); expected at least 2 dims \(\.\.\., M, K\)"),
+        ((a, b[:2], c), ValueError, r"rhs has shape \(2, 5\); expected \(\.\.\., K=3, N\): dim 0 is 2"),
         ((a.expand(2, 4, 3), b.expand(3, 3, 5), c), ValueError, "batch dims .* do not broadcast"),
         ((a, b, torch.randn(4, device=device)), ValueError, "does not broadcast to the output"),
         ((a, b, torch.randn(2, 4, 5, device=device)), ValueError, "does not broadcast to the output"),
-        ((a, b.double(), c), TypeError, "same dtype"),
-        ((a.int(), b.int(), c.int()), TypeError, "must be float16, bfloat16, float32 or float64"),
-        ((a, b, c.to("meta")), ValueError, "same device"),
-        ((a, b, 1.0), TypeError, "must be a torch.Tensor"),
+        ((a, b.double(), c), TypeError, r"rhs has dtype float64; expected float32 \(the dtype of lhs\)"),
+        ((a.int(), b.int(), c.int()), TypeError, "expected float16, bfloat16, float32 or float64"),
+        ((a, b, c.to("meta")), ValueError, "bias is on meta but lhs is on"),
+        ((a, b, 1.0), TypeError, "bias must be a torch.Tensor"),
     ]
     for args, error, message in cases:
-        with pytest.raises(error, match=message):
+        with pytest.raises(error, match="^matmul_add_relu: .*" + message):
             matmul_add_relu(*args)

@@ -12,6 +12,7 @@ import os as _os  # noqa: E402
 
 from .autodiff import custom_function  # noqa: E402
 from .errors import CompileError, GPUFault, KernelLaunchError  # noqa: E402
+from .preconditions import Preconditions  # noqa: E402
 
 
 def _load_gpu_bindings() -> None:

@@ -8,7 +8,9 @@ Four benchmarks, each a function returning a JSON-ready dict:
 - `ops` (GPU; bench/bench_ops.py): `kernelkit.ops.grid_sample` and `matmul_add_relu` against torch;
 - `cpu` (bench/bench_cpu.py): the CPU backend's exp, grid_sample and matmul_add_relu against
   torch, and its compile times;
-- `overhead` (either device; bench/bench_overhead.py): host time per call of a cached kernel.
+- `overhead` (either device; bench/bench_overhead.py): host time per call of a cached kernel;
+- `debug` (either device; bench/bench_debug.py): checked calls (`check_bounds=True`, `timeout=`)
+  against plain calls of the same kernels.
 
 `record` adds what makes a figure reproducible: date, device, versions (kernelkit, torch,
 NVRTC, driver, C++ compiler) and the command. `markdown` turns results (also the older files
@@ -27,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import statistics
 import textwrap
 import time
 from pathlib import Path
@@ -36,12 +39,12 @@ import torch
 
 Tick = Callable[[str], None]
 
-GPU_SUITE = ("grid_sample", "ops", "overhead")
-CPU_SUITE = ("cpu", "overhead")
-KINDS = ("grid_sample", "ops", "cpu", "overhead")
-STEPS = {"grid_sample": 8, "ops": 10, "cpu": 11, "overhead": 3}  # progress ticks of each
+GPU_SUITE = ("grid_sample", "ops", "overhead", "debug")
+CPU_SUITE = ("cpu", "overhead", "debug")
+KINDS = ("grid_sample", "ops", "cpu", "overhead", "debug")
+STEPS = {"grid_sample": 8, "ops": 10, "cpu": 11, "overhead": 3, "debug": 3}  # progress ticks of each
 SCRIPTS = {"grid_sample": "bench_grid_sample.py", "ops": "bench_ops.py", "cpu": "bench_cpu.py",
-           "overhead": "bench_overhead.py"}
+           "overhead": "bench_overhead.py", "debug": "bench_debug.py"}
 # The targets of the issues, shown beside the figures.
 TARGETS = {"gpu_ratio": 1.05, "gpu_cold_s": 0.3, "gpu_warm_s": 0.020, "cpu_exp_throughput": 0.5,
            "cpu_cold_s": 2.0, "cpu_warm_s": 0.050}
@@ -562,18 +565,145 @@ def overhead_figures(device: torch.device | None = None, quick: bool = False,
               output_dtypes=[torch.float32])
     assert torch.equal(k(**kw)[0], x + 1)
     y = torch.randn(32, device=device)
-    n, repeat = (1000, 3) if quick else (5000, 5)
-    tick("overhead: kernelkit call")
-    ours = per_call_us(lambda: k(**kw), n, sync, repeat)
-    tick("overhead: torch add_")
-    add = per_call_us(lambda: y.add_(1.0), n, sync, repeat)
-    tick("overhead: torch empty")
-    empty = per_call_us(lambda: torch.empty(32, device=device), n, sync, repeat)
-    return {"calls": n, "kernelkit_call_us": ours, "torch_add__us": add, "torch_empty_us": empty}
+    calls = {"kernelkit_call_us": lambda: k(**kw), "torch_add__us": lambda: y.add_(1.0),
+             "torch_empty_us": lambda: torch.empty(32, device=device)}
+    try:
+        import cupy as cp
+    except ImportError:
+        cp = None
+    if device.type == "cuda" and cp is not None:  # the host's speed: issue 6 measured CuPy too
+        with cp.cuda.Device(device.index or 0):
+            raw = cp.RawKernel(r'extern "C" __global__ void f(const float* a, float* b) '
+                               r'{ int i = threadIdx.x; b[i] = a[i] + 1.0f; }', "f")
+            a, b = cp.zeros(32, dtype=cp.float32), cp.zeros(32, dtype=cp.float32)
+            calls["cupy_rawkernel_us"] = lambda: raw((1,), (32,), (a, b))
+    # A host's speed drifts over minutes: measure in rounds, every call once per round, and take
+    # medians, beside the median ratio to torch's add_ within a round.
+    n, repeat, rounds = (1000, 2, 3) if quick else (5000, 3, 9)
+    per_round = {name: [] for name in calls}
+    for r in range(rounds):
+        if r % (rounds // 3) == 0:  # three ticks (STEPS)
+            tick(f"overhead: round {r + 1} of {rounds}")
+        for name, fn in calls.items():
+            per_round[name].append(per_call_us(fn, n, sync, repeat))
+    result = {"calls": n, "rounds": rounds,
+              **{name: statistics.median(v) for name, v in per_round.items()},
+              "kernelkit_over_torch_add_": statistics.median(
+                  a / b for a, b in zip(per_round["kernelkit_call_us"], per_round["torch_add__us"])),
+              "per_round_us": per_round}
+    return result
 
+
+# --- checked calls (issue 7) -------------------------------------------------------------------
+
+DEBUG_MODES = {"plain": {}, "check_bounds": {"check_bounds": True}, "timeout": {"timeout": 60.0},
+               "check_bounds_timeout": {"check_bounds": True, "timeout": 60.0}}
+_ROW_SUM = """
+    uint r = thread_position_in_grid.x;
+    int n = inp_shape[1];
+    float acc = 0.0f;
+    for (int c = 0; c < n; ++c) acc += inp[r * n + c];
+    out[r] = acc;"""
+
+
+def debug_figures(device: torch.device | None = None, quick: bool = False,
+                  tick: Tick = _no_tick) -> dict:
+    """Checked calls against plain calls of the same kernel: exp (one access per thread, no
+    loop), a row sum (a loop: the timeout's poll runs in it), the seed's grid_sample forward
+    (grid samples inside the image: no report). A checked call synchronises and reads its
+    record back, so its time is the call's wall time; the plain calls' are too (one sync each)."""
+    import kernelkit as kk
+    from .ops.grid_sample import FORWARD_SOURCE, grid_sample_reference
+
+    device = device or best_device()
+    gpu = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if gpu else (lambda: None)
+    repeat = (5 if quick else 20) if gpu else (2 if quick else 7)
+    torch.manual_seed(0)
+
+    def timed(k, check, **kw):
+        """Best time of each mode, the modes interleaved round by round (a noisy machine's
+        drift then favours none of them)."""
+        def fn(mode):
+            out = k(**kw, **DEBUG_MODES[mode])
+            sync()
+            return out
+        for mode in DEBUG_MODES:
+            err = relative_error(fn(mode)[0], check)
+            assert err < 1e-4, (mode, err)
+        best = dict.fromkeys(DEBUG_MODES, float("inf"))
+        for _ in range(repeat):
+            for mode in DEBUG_MODES:
+                t0 = time.perf_counter()
+                fn(mode)
+                best[mode] = min(best[mode], (time.perf_counter() - t0) * 1e3)
+        return {f"{mode}_ms": t for mode, t in best.items()}
+
+    tick("debug: exp")
+    n = (1 << 22 if quick else 1 << 26) if gpu else (1 << 20 if quick else 1 << 24)
+    exp = kk.metal_kernel(name="debug_exp", input_names=["inp"], output_names=["out"],
+                          source="uint i = thread_position_in_grid.x; out[i] = metal::exp(inp[i]);")
+    a = torch.randn(n, device=device)
+    res = {"exp": {"n": n, "dtype": "float32", **timed(
+        exp, torch.exp(a), inputs=[a], grid=(n, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(n,)],
+        output_dtypes=[torch.float32])}}
+
+    tick("debug: row sum (a loop)")
+    rows, cols = (1024, 1024) if quick else (16384, 4096) if gpu else (4096, 1024)
+    rs = kk.metal_kernel(name="debug_row_sum", input_names=["inp"], output_names=["out"],
+                         source=_ROW_SUM)
+    m = torch.randn(rows, cols, device=device)
+    res["row_sum"] = {"rows": rows, "cols": cols, "dtype": "float32", **timed(
+        rs, m.sum(1), inputs=[m], grid=(rows, 1, 1), threadgroup=(64, 1, 1),
+        output_shapes=[(rows,)], output_dtypes=[torch.float32])}
+
+    tick("debug: grid_sample forward (seed)")
+    B, H, W, C, gH, gW = (1, 128, 128, 32, 64, 64) if quick else \
+        (8, 1024, 1024, 64, 256, 256) if gpu else (1, 256, 256, 64, 128, 128)  # GPU: the seed's
+    gs = kk.metal_kernel(name="debug_grid_sample", input_names=["x", "grid"], output_names=["out"],
+                         source=FORWARD_SOURCE)
+    x = torch.randn(B, H, W, C, device=device)
+    g = (torch.rand(B, gH, gW, 2, device=device) * 2 - 1) * 0.95  # inside: the corners exist
+    res["grid_sample_forward"] = {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]}, **timed(
+        gs, grid_sample_reference(x, g), inputs=[x, g], template=[("T", torch.float32)],
+        output_shapes=[(B, gH, gW, C)], output_dtypes=[torch.float32],
+        grid=(B * gH * gW * C, 1, 1), threadgroup=(256, 1, 1))}
+    return res
+
+
+_DEBUG_ROWS = (("exp", lambda r: f"exp, {_count(r['n'])} float32 (no loop)"),
+               ("row_sum", lambda r: f"row sum, {r['rows']}×{r['cols']} float32 (a loop)"),
+               ("grid_sample_forward", lambda r: f"seed grid_sample forward, x {_shape(r['shape']['x'])}"))
+
+
+def _count(n: int) -> str:
+    return f"{n >> 20}M" if n >= 1 << 20 else str(n)
+
+
+def _md_debug(r: dict, path) -> list[str]:
+    lines = ["## Checked calls (`check_bounds`, `timeout`)", "", _meta(r, path), "",
+             "Wall time per call, synchronised (a checked call waits for its kernel and reads its "
+             "record back), and the ratio to the plain call.", ""]
+    rows = []
+    for key, label in _DEBUG_ROWS:
+        f = r.get(key)
+        if not f:
+            continue
+        plain = f["plain_ms"]
+        rows.append([label(f), _ms(plain)] + [f"{_ms(f[f'{m}_ms'])} ({f[f'{m}_ms'] / plain:.2f}×)"
+                                           for m in list(DEBUG_MODES)[1:]])
+    return lines + _table(["", "plain", "check_bounds", "timeout", "both"], rows)
+
+
+def _bars_debug(r: dict):
+    groups = [key for key, _ in _DEBUG_ROWS if r.get(key)]
+    names = {"plain": "plain", "check_bounds": "check_bounds", "timeout": "timeout",
+             "check_bounds_timeout": "both"}
+    series = {names[m]: [r[g][f"{m}_ms"] for g in groups] for m in DEBUG_MODES}
+    return "checked calls", "ms", [g.replace("_", " ") for g in groups], series
 
 RUNNERS = {"grid_sample": grid_sample_figures, "ops": ops_figures, "cpu": cpu_figures,
-           "overhead": overhead_figures}
+           "overhead": overhead_figures, "debug": debug_figures}
 
 
 def run(kind: str, device: torch.device, quick: bool, command: str, tick: Tick = _no_tick) -> dict:
@@ -825,14 +955,20 @@ def _md_cpu(r: dict, path) -> list[str]:
 def _md_overhead(r: dict, path) -> list[str]:
     lines = ["## Per-call host overhead", "", _meta(r, path), "",
              "A cached kernel with one input and one output of 32 float32, called in a loop; host "
-             "time per call including the output's allocation, no sync inside the loop.", ""]
+             "time per call including the output's allocation, no sync inside the loop."
+             + (f" Median of {r['rounds']} rounds (each call measured once per round: the host's "
+                f"speed drifts); kernelkit / torch add_ within a round: "
+                f"{_num(r['kernelkit_over_torch_add_'])}." if r.get("rounds") else ""), ""]
     return lines + _table(["", "µs per call"], [
         ["kernelkit `metal_kernel` call", _num(r["kernelkit_call_us"])],
         ["torch `y.add_(1.0)`", _num(r["torch_add__us"])],
-        ["torch `torch.empty(32)`", _num(r["torch_empty_us"])]])
+        ["torch `torch.empty(32)`", _num(r["torch_empty_us"])]] + (
+        [["CuPy `RawKernel` launch (no allocation)", _num(r["cupy_rawkernel_us"])]]
+        if r.get("cupy_rawkernel_us") else []))
 
 
-_MARKDOWN = {"grid_sample": _md_grid_sample, "ops": _md_ops, "cpu": _md_cpu, "overhead": _md_overhead}
+_MARKDOWN = {"grid_sample": _md_grid_sample, "ops": _md_ops, "cpu": _md_cpu, "overhead": _md_overhead,
+             "debug": _md_debug}
 
 
 def markdown(results: list[tuple[dict, str | None]]) -> str:
@@ -884,6 +1020,8 @@ def bars(r: dict) -> tuple[str, str, list[str], dict[str, list]]:
             ours.append(r["matmul_add_relu"]["kernelkit_ms"])
             ref.append(r["matmul_add_relu"]["torch_ms"])
         return "CPU backend", "ms", groups, {"kernelkit": ours, "torch": ref}
+    if kind == "debug":
+        return _bars_debug(r)
     return ("per-call host overhead", "µs", ["one call"],
             {"kernelkit": [r["kernelkit_call_us"]], "torch add_": [r["torch_add__us"]],
              "torch empty": [r["torch_empty_us"]]})
@@ -977,7 +1115,7 @@ def script_main(kind: str, argv=None) -> int:
     ap = argparse.ArgumentParser(description=(RUNNERS[kind].__doc__ or "").strip())
     ap.add_argument("--out", help="write the JSON result here too")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    if kind in ("overhead", "ops", "grid_sample"):
+    if kind in ("overhead", "ops", "grid_sample", "debug"):
         ap.add_argument("--device", help="cuda[:N] or cpu (default: the GPU if there is one)")
     args = ap.parse_args(argv)
     device = torch.device(getattr(args, "device", None) or ("cpu" if kind == "cpu" else best_device()))

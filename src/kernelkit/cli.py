@@ -334,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
                        description="Run the benchmarks behind BENCHMARKS.md on one device (a GPU: "
                        "grid_sample against a hand-written CUDA port, kernelkit.ops against torch, "
                        "per-call overhead; the CPU: the CPU backend against torch, compile times, "
-                       "per-call overhead). Writes <benchmark>.json, results.md and <benchmark>.png "
+                       "per-call overhead; both: checked calls against plain ones). Writes <benchmark>.json, results.md and <benchmark>.png "
                        "(with matplotlib) into --out. With --markdown, prints the Markdown tables of "
                        "recorded JSON results instead, running nothing.")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the GPU if there is one)")

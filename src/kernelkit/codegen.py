@@ -21,8 +21,9 @@ def function_name(name: str) -> str:
 
 
 def generate(dialect, target: str, name: str, sig: Signature, header: str, body: str,
-             math_mode: str, uses_sync: bool) -> str:
-    """Full C++ source for `target` ("cuda" or "cpu"); `uses_sync`: barriers or SIMD functions."""
+             math_mode: str, uses_sync: bool, debug=None) -> str:
+    """Full C++ source for `target` ("cuda" or "cpu"); `uses_sync`: barriers or SIMD functions;
+    `debug`: a checked variant's debugging.Plan (header and body already rewritten for it)."""
     ns = dialect.NAMESPACE
     fn = function_name(name)
     out = [f"#define KK_TARGET_{target.upper()} 1",
@@ -32,19 +33,27 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
     if target == "cpu":  # threads of a group as fibers, or as a plain loop
         out.append(f"#define KK_CPU_SYNC {int(uses_sync)}")
     out.append(f"#include <{_ENTRY_HEADER[target]}>")
+    if debug is not None:
+        out += debug.prelude()
     out += dialect.open_unit(header, body)
     out += dialect.kernel_function(fn, sig, body)
     out.append('#line 1 "kernelkit-generated"')
     out.append(_argument_block(sig, dialect.type_name))
     args = ", ".join(dialect.call_arg(p) for p in sig.params)
+    prologue = dialect.CALL_PROLOGUE
+    if debug is not None:
+        out.append(debug.bind_function())
+        prologue = debug.call_prologue(target) + prologue
     out.append(f"KK_FN void kk_call(const kk_args& a, const kk_thread_ctx& t) {{\n"
-               f"  {dialect.CALL_PROLOGUE}{dialect.call_target(fn, sig)}({args});\n}}")
+               f"  {prologue}{dialect.call_target(fn, sig)}({args});\n}}")
     out.append(f"}}  // namespace {ns}")
-    out.append(_ENTRY[target].format(ns=ns))
+    entry = debug.entry(target, ns) if debug is not None else None
+    out.append(entry or _ENTRY[target].format(ns=ns))
     return "\n".join(out) + "\n"
 
 
-_FIELD_TYPES = {"int": "int", "int64": "int64_t", "dim3": "kk_dim3", "unsigned": "unsigned"}
+_FIELD_TYPES = {"int": "int", "int64": "int64_t", "dim3": "kk_dim3", "unsigned": "unsigned",
+                "record": "unsigned long long*", "llong": "long long"}
 
 
 def _argument_block(sig: Signature, type_name) -> str:

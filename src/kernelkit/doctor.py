@@ -284,6 +284,16 @@ def probe_cxx():
     return Finding("C++ compiler", "ok", f"{info['path']}{via}: {info['version']}")
 
 
+@_probe("fast call path")
+def probe_fastcall():
+    from . import fastcall
+    module = fastcall.module()
+    if isinstance(module, str):
+        return Finding("fast call path", "warn", f"not built ({module}); repeated calls take the "
+                       "slower Python path", "install g++ and the Python headers (python3-dev)")
+    return Finding("fast call path", "ok", "compiled (fastcall.cpp)")
+
+
 def cache_usage() -> list[tuple[str, int, int]]:
     """(version directory, files, bytes) under the cache directory."""
     from .cache import cache_dir
@@ -367,7 +377,7 @@ def probe_run(device: str):
 def findings(run: bool = False) -> list[Finding]:
     out: list[Finding] = []
     for probe in (probe_kernelkit, probe_torch, probe_gpus, probe_driver, probe_nvrtc, probe_headers,
-                  probe_cxx, probe_cache, probe_optional):
+                  probe_cxx, probe_fastcall, probe_cache, probe_optional):
         out += probe()
     if run:
         devices = []

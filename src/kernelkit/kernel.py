@@ -10,11 +10,12 @@ outputs, packs the argument block and launches on the arrays' device.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 
 import torch
 
-from . import arrays, codegen
+from . import arrays, codegen, debugging, fastcall
 from .arrays import DType, dtype_of
 from .backends import get_backend
 from .dialects import identifiers
@@ -31,6 +32,8 @@ class Variant:
     signature: Signature
     source: str
     program: object  # the backend's loaded binary
+    pack: object  # pack(inputs, outputs, tail) -> argument block: Signature.packer()
+    debug: object = None  # a checked variant's debugging.Plan (check_bounds / timeout)
 
 
 class Kernel:
@@ -60,6 +63,7 @@ class Kernel:
         self.uses_sync = dialect.uses_sync(identifiers(source) | identifiers(header))
         self._variants: dict[tuple, Variant] = {}
         self._checked: dict[tuple, object] = {}  # call arguments already validated
+        self._plans: dict[tuple, object] = {}  # plain calls already made: run(inputs, shapes)
 
     # --- construction checks ----------------------------------------------------------------
 
@@ -95,7 +99,23 @@ class Kernel:
     # --- the call ---------------------------------------------------------------------------
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
-                 init_value=None, verbose: bool = False, stream=None, ensure_row_contiguous=None):
+                 init_value=None, verbose: bool = False, stream=None, ensure_row_contiguous=None,
+                 check_bounds=None, timeout=None):
+        key = None
+        if init_value is None and stream is None and ensure_row_contiguous is None and not verbose \
+                and check_bounds is None and timeout is None:
+            # The fast path: a plain call like an earlier one runs that call's plan.
+            key = _fast_call(self._plans, inputs, output_shapes, output_dtypes, grid, threadgroup,
+                             template)
+            if type(key) is list:  # the outputs
+                return key
+        return self._call(inputs, output_shapes, output_dtypes, grid, threadgroup, template,
+                          init_value, verbose, stream, ensure_row_contiguous, key,
+                          check_bounds, timeout)
+
+    def _call(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template, init_value,
+              verbose, stream, ensure_row_contiguous, plan_key, check_bounds=None, timeout=None):
+        """The general path: every argument checked and converted, the variant found or built."""
         c = self.caller
         inputs = self._sequence(inputs, "inputs", len(self.input_names))
         output_shapes = self._sequence(output_shapes, "output_shapes", len(self.output_names))
@@ -115,9 +135,13 @@ class Kernel:
             raise TypeError(f"[{c}] NumPy has no bfloat16: pass torch tensors for bfloat16 outputs.")
 
         key = (device, tuple(specs), out_dtypes, targs)
+        checks = debugging.request(check_bounds, timeout, c)  # None: a plain call
+        if checks is not None:
+            key += (checks.mode,)
         variant = self._variants.get(key)
         if variant is None:
-            variant = self._build(key, backend, device, specs, out_dtypes, targs)
+            variant = self._build(key, backend, device, specs, out_dtypes, targs,
+                                  None if checks is None else checks.mode)
         if verbose:
             self._print(variant)
 
@@ -128,8 +152,24 @@ class Kernel:
         elif _POISON:
             for o in outputs:
                 _poison(o)
-        block = variant.signature.block.pack(*self._pack(variant.signature, tensors, outputs, grid))
-        backend.launch(variant.program, device, grid, group, self.shared_memory, stream, block, self.name)
+        launch = backend.launcher(variant.program, device, grid, group, self.shared_memory, stream,
+                                  self.name)
+        tail = (*grid, self.shared_memory)
+        if checks is not None:  # checked: synchronous, raises IndexError / TimeoutError
+            debugging.run(self, variant, checks, launch, tensors, outputs, tail, device, stream, group)
+            plan_key = None
+        else:
+            launch(variant.pack(tensors, outputs, tail))
+        # A call the fast path can repeat: arrays used as given, only torch tensors and scalars.
+        # Plans wait for fastcall's extension (built in the background on first use).
+        if plan_key is not None and _fast_call_ready() and all(
+                t is x and (type(x) is torch.Tensor or arrays.is_scalar(x))
+                for t, x in zip(tensors, inputs)):
+            prototypes = tuple(torch.empty((), dtype=d.torch, device=device) for d in out_dtypes)
+            poison = _poison if _POISON else None
+            self._plans[plan_key] = backend.compiled_plan(
+                variant.program, grid, group, self.shared_memory, self.name, variant.signature,
+                prototypes, poison) or _Plan(prototypes, poison, variant.pack, tail, launch).run
         if numpy_in:
             return [arrays.to_numpy(o) for o in outputs]
         return outputs
@@ -165,6 +205,9 @@ class Kernel:
         tensors, specs, device, numpy_in = [], [], None, False
         for i, (name, x) in enumerate(zip(self.input_names, inputs)):
             if arrays.is_scalar(x):
+                if type(x) is int and not -2**31 <= x < 2**31:
+                    raise OverflowError(f"[{self.caller}] input {name!r} = {x} does not fit int32, the "
+                                        "type of Python ints (as in MLX); pass a tensor instead.")
                 tensors.append(x)
                 specs.append(InputSpec(arrays.SCALAR_DTYPES[type(x)], True, True, 0))
                 continue
@@ -222,45 +265,118 @@ class Kernel:
 
     # --- variants ---------------------------------------------------------------------------
 
-    def _build(self, key, backend, device, specs, out_dtypes, targs) -> Variant:
+    def _build(self, key, backend, device, specs, out_dtypes, targs, debug=None) -> Variant:
+        plan = None if debug is None else debugging.plan(self, specs, debug)
         sig = Signature(list(zip(self.input_names, specs)), list(zip(self.output_names, out_dtypes)),
-                        self.atomic_outputs, targs, self._uses)
-        source = codegen.generate(self.dialect, backend.target, self.name, sig,
-                                  self._lowered_header, self._lowered_body, self.math_mode,
-                                  self.uses_sync)
+                        self.atomic_outputs, targs, self._uses, plan)
+        source = self._generate(backend.target, sig)
         context = f"[{self.caller}] kernel {self.name!r}"
+        if plan is not None:  # the rewritten source: say so, should it not compile
+            context += f" (its checked variant: {debugging.describe(plan.mode)})"
         program = backend.build(source, device, self.math_mode,
                                 tuple(self.dialect.compile_flags(backend.target, self.math_mode)),
                                 self.uses_sync, context, self.source, self.header, sig.block.size)
-        variant = Variant(sig, source, program)
+        if plan is not None:
+            debugging.prepare(program)
+        variant = Variant(sig, source, program, sig.packer(), plan)
         self._variants[key] = variant
         return variant
 
-    def _pack(self, sig: Signature, tensors, outputs, grid) -> list:
-        values = []
-        for p in sig.params:
-            if p.role == "input":
-                x = tensors[p.index]
-                values.append(x if p.by_value else x.data_ptr())
-            elif p.role == "output":
-                values.append(outputs[p.index].data_ptr())
-            elif p.role == "shape":
-                shape = tensors[p.index].shape
-                values += [*shape, *[0] * (p.capacity - len(shape))]
-            elif p.role == "strides":
-                strides = tensors[p.index].stride()
-                values += [*strides, *[0] * (p.capacity - len(strides))]
-            elif p.role == "ndim":
-                values.append(tensors[p.index].dim())
-        values += grid
-        values.append(self.shared_memory)
-        return values
+    def _generate(self, target: str, sig: Signature) -> str:
+        """The generated unit for `target`; a checked variant's (sig.debug) rewrites the source."""
+        header, body = self._lowered_header, self._lowered_body
+        if sig.debug is not None:
+            header, body = debugging.rewrite(header, body, sig.debug)
+        return codegen.generate(self.dialect, target, self.name, sig, header, body, self.math_mode,
+                                self.uses_sync, sig.debug)
 
     def _print(self, variant: Variant) -> None:
         print(f"// kernelkit {self.caller} {self.name!r}: the kernel in its own dialect")
         print(self.dialect.source_view(self.name, variant.signature, self.header, self.source))
         print("// the C++ that is compiled")
         print(variant.source)
+
+
+def _plan_key(inputs, output_dtypes, grid, threadgroup, template) -> tuple | None:
+    """What decides a plain call's variant and dispatch, read cheaply off its arguments; None
+    where they give no key (the general path checks them). fastcall.cpp's plan_key is the same
+    in C (tests/test_fast_path.py holds them equal)."""
+    if type(inputs) not in (list, tuple) or type(output_dtypes) not in (list, tuple):
+        return None
+    if template is not None:
+        if type(template) not in (list, tuple):
+            return None
+        try:  # 1 and True stay distinct
+            template = tuple((*p, *map(type, p)) for p in template)
+        except TypeError:
+            return None
+    key = (grid, threadgroup, template, len(inputs), *(
+        (x.dtype, x.device, x.dim(), x.is_contiguous()) if type(x) is torch.Tensor else type(x)
+        for x in inputs), *output_dtypes)
+    try:
+        hash(key)
+    except TypeError:  # a list grid, say
+        return None
+    return key
+
+
+def _python_call(plans, inputs, output_shapes, output_dtypes, grid, threadgroup, template):
+    """fastcall.cpp's `call` in Python: the outputs of the call's plan, else its key (or None)."""
+    key = _plan_key(inputs, output_dtypes, grid, threadgroup, template)
+    plan = plans.get(key) if key is not None else None
+    if plan is not None:
+        outputs = plan(inputs, output_shapes)
+        if outputs is not None:
+            return outputs
+    return key
+
+
+_fast_call = _python_call  # fastcall.cpp's call once the extension is loaded
+
+
+def _fast_call_ready() -> bool:
+    """Whether fastcall's extension is settled (loaded, or known to be unavailable)."""
+    global _fast_call
+    module = fastcall.module(block=False)
+    if module is None:
+        return False
+    if not isinstance(module, str):
+        _fast_call = module.call
+    return True
+
+
+class _Plan:
+    """Everything of a plain call but its arrays, kept after a first call made the general way:
+    `run` allocates the outputs, packs and launches. (The CUDA backend has the same in C.)"""
+
+    __slots__ = ("prototypes", "poison", "pack", "tail", "launch")
+
+    def __init__(self, prototypes, poison, pack, tail, launch):
+        # new_empty on a 0-d tensor of the output's dtype and device: quicker than torch.empty
+        self.prototypes, self.poison, self.pack, self.tail, self.launch = (
+            prototypes, poison, pack, tail, launch)
+
+    def run(self, inputs, output_shapes):
+        """The outputs, or None when the shapes need the general path's checks."""
+        if len(output_shapes) != len(self.prototypes):
+            return None
+        outputs = []
+        for proto, shape in zip(self.prototypes, output_shapes):
+            if type(shape) is not tuple and type(shape) is not torch.Size:
+                return None
+            try:
+                outputs.append(proto.new_empty(shape))
+            except (TypeError, RuntimeError):  # negative or non-int sizes: reported by _shape
+                return None
+        if self.poison is not None:
+            for o in outputs:
+                self.poison(o)
+        try:
+            block = self.pack(inputs, outputs, self.tail)
+        except struct.error:  # a Python int beyond int32: the general path says so
+            return None
+        self.launch(block)
+        return outputs
 
 
 def _memo(cache: dict, key, compute):

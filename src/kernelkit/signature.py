@@ -41,6 +41,9 @@ _CPP_RESERVED = {"int", "float", "double", "char", "bool", "void", "auto", "cons
                  "protected", "virtual", "friend", "typedef", "extern", "register", "throw",
                  "try", "catch", "nullptr", "constexpr", "decltype", "noexcept", "mutable",
                  "device", "constant", "thread", "threadgroup", "kernel", "half", "uint"}
+# How fastcall.cpp fills each field of the argument block (the order of its FieldKind).
+FILL_KINDS = ("input_pointer", "output_pointer", "bool_value", "int_value", "float_value", "shape",
+              "strides", "ndim")
 # Strides and shapes travel in fixed-size arrays; more dims compile a wider variant.
 NDIM_CAPACITY = 8
 
@@ -91,8 +94,10 @@ class Field:
 
 class Signature:
     def __init__(self, inputs: list[tuple[str, InputSpec]], outputs: list[tuple[str, DType]],
-                 atomic_outputs: bool, template: list[tuple[str, object]], uses: set[str]):
+                 atomic_outputs: bool, template: list[tuple[str, object]], uses: set[str],
+                 debug=None):
         self.template = template
+        self.debug = debug  # a checked variant's debugging.Plan (its fields end the block)
         params: list[Param] = []
         for i, (name, spec) in enumerate(inputs):
             params.append(Param(name, "input", spec.dtype, i, spec.scalar, spec.by_value))
@@ -115,6 +120,45 @@ class Signature:
         self.block = struct.Struct("<" + "".join(
             _pad(prev, f) + (f"{f.count}{f.code}" if f.count > 1 else f.code)
             for prev, f in zip([None] + self.fields[:-1], self.fields)) + _tail(self.fields))
+
+    def packer(self):
+        """pack(inputs, outputs, tail) -> the argument block (bytes), `tail` = (*grid, shared).
+
+        Generated Python, one expression per field (as Triton's launchers are), so that packing
+        costs about one `struct.pack` however many parameters the kernel has.
+        """
+        exprs = []
+        for p in self.params:
+            x = f"ins[{p.index}]"
+            if p.role == "input":
+                exprs.append(x if p.by_value else f"{x}.data_ptr()")
+            elif p.role == "output":
+                exprs.append(f"outs[{p.index}].data_ptr()")
+            elif p.role in ("shape", "strides"):
+                values = f"{x}.shape" if p.role == "shape" else f"{x}.stride()"
+                exprs.append(f"*{values}, *_ZEROS[:{p.capacity} - {x}.dim()]")
+            elif p.role == "ndim":
+                exprs.append(f"{x}.dim()")
+        code = f"lambda ins, outs, tail: pack({', '.join(exprs + ['*tail'])})"
+        return eval(code, {"pack": self.block.pack, "_ZEROS": (0,) * 64})  # noqa: S307 - our own text
+
+    def fill_table(self) -> tuple[tuple[int, int, int, int], ...]:
+        """(kind, index, offset, capacity) of each field a call fills: what the compiled launcher
+        (fastcall.cpp, its FieldKind) packs in place of packer()."""
+        value_kinds = {"?": "bool_value", "i": "int_value", "f": "float_value"}
+        table = []
+        for p, f in zip((p for p in self.params if p.role != "attribute"), self.fields):
+            if p.role == "input":
+                kind = value_kinds[f.code] if p.by_value else "input_pointer"
+            else:
+                kind = {"output": "output_pointer"}.get(p.role, p.role)
+            table.append((FILL_KINDS.index(kind), p.index, f.offset, p.capacity))
+        return tuple(table)
+
+    def constant_block(self, tail) -> bytes:
+        """The argument block with only kk_grid and kk_shared filled (`tail` = (*grid, shared))."""
+        constant = {"kk_grid": tuple(tail[:3]), "kk_shared": (tail[3],)}
+        return self.block.pack(*(v for f in self.fields for v in constant.get(f.name, (0,) * f.count)))
 
     def _layout(self) -> list[Field]:
         fields, offset = [], 0
@@ -140,6 +184,11 @@ class Signature:
                 add(p.name, "int", None, "i", 4)
         add("kk_grid", "dim3", None, "I", 4, 3)  # Metal's grid, in threads
         add("kk_shared", "unsigned", None, "I", 4)  # dynamic shared memory, bytes
+        if self.debug is not None:  # checked variants (debugging.py): packed after kk_shared
+            add("kk_dbg", "record", None, "Q", 8)  # the record buffer
+            add("kk_timeout_ns", "llong", None, "q", 8)
+            if self.debug.buffers:  # each checked buffer's size in elements
+                add("kk_dbg_size", "llong", None, "q", 8, len(self.debug.buffers))
         return fields
 
 

@@ -24,6 +24,7 @@ RUNTIME_SOURCE = INCLUDE / "kernelkit" / "cpu_runtime.cpp"
 _RUNTIME_HEADERS = ("cpu_runtime.h", "launch.h")  # part of the runtime's cache key
 _RUNTIME_ABI = 1  # KK_RT_ABI_VERSION in cpu_runtime.h
 MAX_THREADS_PER_GROUP = 1024
+_ERROR_CAPACITY = 2048  # bytes for the runtime's error message
 _BASE_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
                "-Wno-attributes"]
 _MATH_FLAGS = {
@@ -65,14 +66,19 @@ def compile_source(source: str, math_mode: str, extra: tuple[str, ...] = ()) -> 
         return Path(out).read_bytes()
 
 
-def _load_library(key: str, source: str, build, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
+def library_path(key: str, source: str, build) -> Path:
+    """A shared library from the compile cache, as a file the dynamic loader can open."""
     binary, path = CACHE.get(key, ".so", source, build)
     if not path.exists():  # the cache directory is not writable: load from a private copy
         fd, tmp = tempfile.mkstemp(suffix=".so", prefix="kernelkit-")
         with os.fdopen(fd, "wb") as f:
             f.write(binary)
         path = Path(tmp)
-    return ctypes.CDLL(str(path), mode=mode)
+    return path
+
+
+def _load_library(key: str, source: str, build, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
+    return ctypes.CDLL(str(library_path(key, source, build)), mode=mode)
 
 
 class _LaunchDesc(ctypes.Structure):
@@ -123,13 +129,21 @@ class CpuBackend:
 
         return _Program(_load_library(key, source, compile_), uses_sync)
 
-    def launch(self, program, device, grid, group, shared: int, stream, block: bytes, name: str) -> None:
+    def compiled_plan(self, *args) -> None:
+        return None  # repeated calls run kernel.py's plans
+
+    def launcher(self, program, device, grid, group, shared: int, stream, name: str):
+        """launch(block): runs the program over this dispatch with a packed argument block."""
         groups = tuple(-(-n // g) for n, g in zip(grid, group))
         desc = _LaunchDesc((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*group),
                            (ctypes.c_uint * 3)(*groups), program.uses_sync, name.encode())
-        err = ctypes.create_string_buffer(2048)
-        if program.launch(block, ctypes.byref(desc), err, len(err)) != 0:
-            raise KernelLaunchError(err.value.decode(errors="replace"))
+        desc_ref, run = ctypes.byref(desc), program.launch
+
+        def launch(block: bytes) -> None:
+            err = ctypes.create_string_buffer(_ERROR_CAPACITY)
+            if run(block, desc_ref, err, _ERROR_CAPACITY) != 0:
+                raise KernelLaunchError(err.value.decode(errors="replace"))
+        return launch
 
 
 class _Program:

@@ -234,22 +234,44 @@ _STICKY = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR
            "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT"}
 
 
-def launch(device: Device, func, blocks, threads, shared: int, stream: int, params_address: int,
-           name: str = "") -> None:
+def _launch_failed(err: int, device: Device, name: str) -> None:
+    """Raise for a failed cuLaunchKernel: GPUFault for a sticky error left by an earlier kernel."""
     driver = _driver()
-    with device.current():
-        err, = driver.cuLaunchKernel(func, *blocks, *threads, shared, stream, params_address, 0)
-    if int(err) != 0:
-        error = driver.cuGetErrorName(err)[1]
-        error = error.decode() if error else str(err)
-        if error in _STICKY:
-            raise GPUFault(
-                f"launching kernel {name!r} on cuda:{device.index}: the GPU reports {error} from a "
-                "kernel that ran before it (launches are asynchronous). The CUDA context of this "
-                "process is lost: every later CUDA call fails, in torch too; restart the process. "
-                "To find the faulty access, run the kernel on the CPU backend with CPU tensors, or "
-                "under `compute-sanitizer --tool memcheck`.")
-        _check((err,), "cuLaunchKernel")
+    result = driver.CUresult(err)
+    error = driver.cuGetErrorName(result)[1]
+    error = error.decode() if error else str(result)
+    if error in _STICKY:
+        raise GPUFault(
+            f"launching kernel {name!r} on cuda:{device.index}: the GPU reports {error} from a "
+            "kernel that ran before it (launches are asynchronous). The CUDA context of this "
+            "process is lost: every later CUDA call fails, in torch too; restart the process. "
+            "To find the faulty access, run the kernel on the CPU backend with CPU tensors, or "
+            "under `compute-sanitizer --tool memcheck`.")
+    _check((result,), f"cuLaunchKernel of kernel {name!r}")
+
+
+_launcher = None  # fastcall's module with the driver's entry points set, or why there is none
+
+
+def compiled_launcher(block: bool = False):
+    """fastcall's module ready to launch, a line saying why there is none, or None while it is
+    being built (block=False): launches go through cuda-bindings meanwhile."""
+    global _launcher
+    if _launcher is None:
+        from .. import fastcall
+        module = fastcall.module(block)
+        if module is None or isinstance(module, str):
+            return module
+        driver = _driver()
+        flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+        entry = [_check(driver.cuGetProcAddress(n.encode(), 12000, flags), f"cuGetProcAddress({n})")[0]
+                 for n in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent")]
+        if not all(entry):
+            _launcher = "the driver does not export cuLaunchKernel and the context calls"
+        else:
+            module.set_driver(*map(int, entry))
+            _launcher = module
+    return _launcher
 
 
 class CudaBackend:
@@ -287,21 +309,61 @@ class CudaBackend:
             func = dev.modules.setdefault(key, dev.load(cubin))
         return _Program(dev, func, block_size)
 
-    def launch(self, program, device, grid, group, shared: int, stream, block: bytes, name: str) -> None:
+    def launcher(self, program, device, grid, group, shared: int, stream, name: str):
+        """launch(block): launches the program over this dispatch with a packed argument block, on
+        `stream` (a torch stream), else on the current stream at each launch."""
         dev, func = program.device, program.func
         if shared > program.shared_limit:
             dev.set_max_dynamic_shared(func, shared)
             program.shared_limit = shared
-        handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else _current_stream(dev.index)
-        blocks = ((grid[0] + group[0] - 1) // group[0], (grid[1] + group[1] - 1) // group[1],
-                  (grid[2] + group[2] - 1) // group[2])
-        with program.lock:  # the driver copies the block during cuLaunchKernel; one launch at a time
-            ctypes.memmove(program.block, block, len(block))
-            launch(dev, func, blocks, group, shared, handle, program.params_address, name)
+        blocks = tuple((n + g - 1) // g for n, g in zip(grid, group))
+        fixed = stream.cuda_stream if hasattr(stream, "cuda_stream") else None
+        index, current_stream = dev.index, _current_stream
+        fast = compiled_launcher()
+        if fast is not None and not isinstance(fast, str):
+            call, fn, ctx = fast.launch, int(func), dev._context_int
+            (bx, by, bz), (tx, ty, tz) = blocks, group
+
+            def launch(block: bytes) -> None:
+                stream = current_stream(index) if fixed is None else fixed
+                err = call(fn, ctx, bx, by, bz, tx, ty, tz, shared, stream, block)
+                if err:
+                    _launch_failed(err, dev, name)
+            return launch
+
+        driver = _driver()
+
+        def launch(block: bytes) -> None:
+            handle = current_stream(index) if fixed is None else fixed
+            with program.lock:  # the driver copies the block during cuLaunchKernel
+                ctypes.memmove(program.block, block, len(block))
+                with dev.current():
+                    err, = driver.cuLaunchKernel(func, *blocks, *group, shared, handle,
+                                                 program.params_address, 0)
+            if int(err):
+                _launch_failed(int(err), dev, name)
+        return launch
+
+
+    def compiled_plan(self, program, grid, group, shared: int, name: str, signature, prototypes,
+                      poison):
+        """A repeated plain call's plan in C (fastcall.cpp's make_plan), or None without the
+        compiled launcher. Called after `launcher` set the shared limit."""
+        module = compiled_launcher()
+        if module is None or isinstance(module, str):
+            return None
+        dev = program.device
+        blocks = tuple((n + g - 1) // g for n, g in zip(grid, group))
+        plan = module.make_plan(
+            int(program.func), dev._context_int, (*blocks, *group, shared), signature.fill_table(),
+            signature.constant_block((*grid, shared)), prototypes, torch.Size,
+            _raw_stream or _current_stream, dev.index, poison,
+            functools.partial(_launch_failed, device=dev, name=name), torch.empty_like)
+        return plan
 
 
 class _Program:
-    """A loaded kernel and the host buffer its argument block is passed from."""
+    """A loaded kernel, and the host buffer cuda-bindings launches pass its argument block from."""
 
     def __init__(self, device: Device, func, block_size: int):
         self.device, self.func, self.shared_limit = device, func, 48 * 1024

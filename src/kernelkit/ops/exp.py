@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import metal_kernel
+from ..preconditions import FLOATS, Preconditions
 
 # Seed 1 (mlx_custom_metal_kernels.txt, "Simple Example"), kernel source verbatim.
 EXP_SOURCE = """
@@ -30,12 +31,18 @@ _exp_strided = metal_kernel(name="myexp_strided", input_names=["inp"], output_na
 
 def exp(a: torch.Tensor) -> torch.Tensor:
     """exp of a (row-contiguous copy made if needed), computed in a.dtype."""
+    Preconditions("exp").tensor("a", a, dtype=FLOATS)
+    if a.numel() == 0:
+        return torch.empty(a.shape, dtype=a.dtype, device=a.device)
     return _exp(inputs=[a], template=[("T", a.dtype)], grid=(a.numel(), 1, 1),
                 threadgroup=(256, 1, 1), output_shapes=[a.shape], output_dtypes=[a.dtype])[0]
 
 
 def exp_strided(a: torch.Tensor) -> torch.Tensor:
     """exp of a read through its own strides (no copy)."""
+    Preconditions("exp_strided").tensor("a", a, dtype=FLOATS)
+    if a.numel() == 0:
+        return torch.empty(a.shape, dtype=a.dtype, device=a.device)
     return _exp_strided(inputs=[a], template=[("T", a.dtype)], grid=(a.numel(), 1, 1),
                         threadgroup=(256, 1, 1), output_shapes=[a.shape], output_dtypes=[a.dtype])[0]
 

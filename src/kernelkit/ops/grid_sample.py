@@ -4,7 +4,8 @@ to torch.nn.functional.grid_sample's 2-D semantics.
 First the seed: its forward and VJP kernel sources unchanged, and the Python around them
 (`grid_sample_seed`, `grid_sample_vjp`) with torch tensors in place of mx arrays; tests and
 benchmarks use them. Then the full op, `grid_sample`: every mode, padding and align_corners,
-float16/bfloat16/float32/float64, differentiable through `kk.custom_function`.
+float16/bfloat16/float32/float64, differentiable through `kk.custom_function`, written with
+`kk.cuda_kernel` for speed (see "The full op" below).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 
 import torch
 
-from .. import custom_function, metal_kernel
+from .. import cuda_kernel, custom_function, metal_kernel
+from ..preconditions import FLOATS, Preconditions
 
 # Seed 1 (mlx_custom_metal_kernels.txt), the fused forward kernel, verbatim.
 # It reads the four corners of x before masking them: for samples near the
@@ -209,20 +211,43 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 #
 # Differences from the seed's kernels, and why:
 # - every mode (bilinear, nearest), padding (zeros, border, reflection) and align_corners,
-#   through PyTorch's own source-index function, so results match torch's;
+#   through PyTorch's own source-index function, so results match torch's; the settings are
+#   template constants, so each kernel is specialised to its setting (no branch on them);
 # - corners outside x are never read (the seed reads, then masks);
 # - coordinates and sums in float32 (float64 for float64 data), whatever the storage dtype;
-# - one thread per (output pixel, lane) with CL lanes per pixel, each lane looping over the
-#   channels lane, lane + CL...: the coordinate math is shared by C / CL channels, consecutive
-#   lanes read consecutive channels (coalesced), and no lane is padding when CL divides C;
-# - x_grad accumulates in float32 atomics (see _backward_bilinear); grid_grad needs no atomics:
-#   the CL lanes of a pixel sum their partial gradients with SIMD shuffles.
+# - one thread per (output point, lane) with L lanes per point, each lane handling V
+#   consecutive channels at a time (one access of 4 to 16 bytes: a float4 for float32 data
+#   with C % 4 == 0) and looping over the channels lane * V, (lane + L) * V...: the coordinate
+#   math is shared by a point's channels, and consecutive lanes touch consecutive channels;
+# - the backward writes every element of x_grad exactly once, from shared memory, instead of
+#   zero-filling x_grad and scattering into it with device atomics (which reads back from
+#   memory every line the scatter touches: half a GiB more traffic at the seed's size). The
+#   points are binned by the tiles of x their corners fall in (a tile: TW consecutive pixels
+#   of one row by CQ channels; a point reaches at most 2 rows x 2 tiles, its "entries"), and
+#   one threadgroup per tile zeroes the tile in shared memory, adds its entries' contributions
+#   there (shared-memory atomics: entries of a tile collide), adds up each entry's part of
+#   grid's gradient (warp shuffles over the entry's lanes) and stores the tile.
+#
+# The backward, kernel by kernel (N points, `bins` tiles):
+#   _bin      per point: its source coordinates and their derivatives (`coords`), and its
+#             rank among each of its tiles' entries (an atomic increment of the tile's count)
+#   cumsum    the counts' running sum (`end`): where each tile's entries go in `entries`
+#   _place    per point: its entries, in tile order (no atomics: the ranks say where)
+#   _scatter  per tile (and chunk of channels): x_grad's tile, and each entry's part of grid_grad
+#   _finish   per point (bilinear): grid_grad, the sum of its entries' parts
+# Every kernel after _bin reads the coordinates _bin stored, so they agree on every point's
+# entries, bit for bit.
+# The forward and the full op are cuda_kernel bodies (CUDA C++: vector loads through the
+# read-only cache, warp shuffles, dynamic shared memory); they run on the CPU backend too.
 
 # PyTorch's grid_sampler_compute_source_index_set_grad (aten/src/ATen/native/GridSampler.h),
-# step for step, in the compute type A. `grad` receives d(source index) / d(grid coordinate).
+# step for step, in the compute type A, specialised to the padding (0 zeros, 1 border,
+# 2 reflection) and align_corners; `grad` receives d(source index) / d(grid coordinate). Then
+# the tiles a point reaches, and vector accesses: gs_ld / gs_st move V consecutive elements
+# (V * sizeof(T) bytes, at most 16, aligned to that) as one access, converting to / from A.
 HEADER = """
 template <typename A>
-A gs_clip(A in, int size, thread A& grad) {
+A gs_clip(A in, int size, A& grad) {
     // clip_coordinates_set_grad: the borders count as outside for the gradient
     if (in <= A(0)) { grad = A(0); return A(0); }
     A hi = A(size - 1);
@@ -232,7 +257,7 @@ A gs_clip(A in, int size, thread A& grad) {
 }
 
 template <typename A>
-A gs_reflect(A in, int twice_low, int twice_high, thread A& grad) {
+A gs_reflect(A in, int twice_low, int twice_high, A& grad) {
     // reflect_coordinates_set_grad
     if (twice_low == twice_high) { grad = A(0); return A(0); }
     A low = A(twice_low) / 2;
@@ -248,10 +273,9 @@ A gs_reflect(A in, int twice_low, int twice_high, thread A& grad) {
     return odd ? span - extra + low : extra + low;
 }
 
-// padding: 0 zeros, 1 border, 2 reflection.
-template <typename A>
-A gs_source_index(A coord, int size, int padding, bool align_corners, thread A& grad) {
-    if (align_corners) {
+template <int PADDING, bool ALIGN, typename A>
+A gs_source_index(A coord, int size, A& grad) {
+    if (ALIGN) {
         grad = A(size - 1) / 2;
         coord = (coord + 1) / 2 * A(size - 1);
     } else {
@@ -259,12 +283,12 @@ A gs_source_index(A coord, int size, int padding, bool align_corners, thread A& 
         coord = ((coord + 1) * A(size) - 1) / 2;
     }
     A g_clip, g_refl;
-    if (padding == 1) {
+    if (PADDING == 1) {
         coord = gs_clip(coord, size, g_clip);
         grad *= g_clip;
-    } else if (padding == 2) {
-        coord = align_corners ? gs_reflect(coord, 0, 2 * (size - 1), g_refl)
-                              : gs_reflect(coord, -1, 2 * size - 1, g_refl);
+    } else if (PADDING == 2) {
+        coord = ALIGN ? gs_reflect(coord, 0, 2 * (size - 1), g_refl)
+                      : gs_reflect(coord, -1, 2 * size - 1, g_refl);
         coord = gs_clip(coord, size, g_clip);
         grad *= g_refl * g_clip;
     }
@@ -274,203 +298,376 @@ A gs_source_index(A coord, int size, int padding, bool align_corners, thread A& 
     if (!(coord > A(-1073741824) && coord < A(1073741824))) coord = A(-100);
     return coord;
 }
+
+// The rows [y_lo, y_hi] and columns [x_lo, x_hi] of x that a point's corners reach (lo > hi:
+// none): bilinear floor(i) and floor(i) + 1, nearest rint(i) (halfway cases to even, as torch).
+template <bool NEAREST, typename A>
+void gs_reach(A ix, A iy, int H, int W, int& y_lo, int& y_hi, int& x_lo, int& x_hi) {
+    int x0, y0, x1, y1;
+    if (NEAREST) {
+        x0 = x1 = int(rint(ix));
+        y0 = y1 = int(rint(iy));
+    } else {
+        x0 = int(floor(ix));
+        y0 = int(floor(iy));
+        x1 = x0 + 1;
+        y1 = y0 + 1;
+    }
+    x_lo = x0 < 0 ? 0 : x0;
+    x_hi = x1 > W - 1 ? W - 1 : x1;
+    y_lo = y0 < 0 ? 0 : y0;
+    y_hi = y1 > H - 1 ? H - 1 : y1;
+}
+
+// A point's entries: the tiles of x (one row by tw columns) its corners reach, at most 2 x 2,
+// row-major. Returns how many; entry k is in row y_lo + k / nt and tile t_lo + k % nt, with
+// nt = t_hi - t_lo + 1: its bin is gs_bin(...).
+template <bool NEAREST, typename A>
+int gs_entries(A ix, A iy, int H, int W, int tw, int& y_lo, int& t_lo, int& t_hi) {
+    int y_hi, x_lo, x_hi;
+    gs_reach<NEAREST>(ix, iy, H, W, y_lo, y_hi, x_lo, x_hi);
+    if (x_lo > x_hi || y_lo > y_hi) return 0;
+    t_lo = x_lo / tw;
+    t_hi = x_hi / tw;
+    return (y_hi - y_lo + 1) * (t_hi - t_lo + 1);
+}
+
+inline int gs_bin(unsigned b, int H, int tiles, int y_lo, int t_lo, int t_hi, int k) {
+    const int nt = t_hi - t_lo + 1;
+    return (int(b) * H + y_lo + k / nt) * tiles + t_lo + k % nt;
+}
+
+// One entry as _place stores it for _scatter: one aligned load.
+template <typename A> struct alignas(4 * sizeof(A)) gs_entry { A ix, iy; int p, k; };
+
+template <int BYTES> struct gs_bits;
+template <> struct gs_bits<2> { typedef unsigned short type; };
+template <> struct gs_bits<4> { typedef unsigned int type; };
+template <> struct gs_bits<8> { typedef uint2 type; };
+template <> struct gs_bits<16> { typedef uint4 type; };
+struct alignas(32) gs_bits32 { uint4 lo, hi; };
+template <> struct gs_bits<32> { typedef gs_bits32 type; };  // stores of 8 floats (a tile of A)
+template <typename T, int V> struct alignas(sizeof(T) * V) gs_vec { T v[V]; };
+
+// V elements at p into out[0..V), through the read-only data cache (the data is not written
+// while the kernel runs); STREAM: first out of the caches (data read once).
+template <int V, bool STREAM = false, typename T, typename A>
+void gs_ld(const T* p, A* out) {
+    typedef typename gs_bits<sizeof(T) * V>::type B;
+    const B bits = STREAM ? __ldcs(reinterpret_cast<const B*>(p)) : __ldg(reinterpret_cast<const B*>(p));
+    gs_vec<T, V> r;
+    memcpy(&r, &bits, sizeof(r));
+    for (int i = 0; i < V; ++i) out[i] = A(r.v[i]);
+}
+
+// v[0..V) rounded to T into p; STREAM: first out of the caches (data not read again soon).
+template <int V, bool STREAM = false, typename T, typename A>
+void gs_st(T* p, const A* v) {
+    typedef typename gs_bits<sizeof(T) * V>::type B;
+    gs_vec<T, V> r;
+    for (int i = 0; i < V; ++i) r.v[i] = T(v[i]);
+    B bits;
+    memcpy(&bits, &r, sizeof(bits));
+    if constexpr (STREAM) {
+        __stcs(reinterpret_cast<B*>(p), bits);
+    } else {
+        *reinterpret_cast<B*>(p) = bits;
+    }
+}
 """
 
-# The part of every body that finds the pixel, its batch and its source coordinates.
-_PROLOGUE = """
-    uint elem = thread_position_in_grid.x;
-    uint pix = elem / CL;
-    int lane = elem % CL;
-    int H = x_shape[1];
-    int W = x_shape[2];
-    int C = x_shape[3];
-    int b = pix / uint(grid_shape[1] * grid_shape[2]);
-    A gmx, gmy;  // d(ix)/d(grid x), d(iy)/d(grid y)
-    A ix = gs_source_index(A(grid[2 * int64_t(pix)]), W, padding, align_corners, gmx);
-    A iy = gs_source_index(A(grid[2 * int64_t(pix) + 1]), H, padding, align_corners, gmy);
-    int64_t x_base = int64_t(b) * H * W * C;   // image b in x (and x_grad)
-    int64_t o_base = int64_t(pix) * C;         // pixel pix in out (and the cotangent)
-"""
-
-# Bilinear corners as PyTorch names them (nw, ne, sw, se) with their weights and offsets.
-_CORNERS = """
-    int x0 = int(floor(ix));
-    int y0 = int(floor(iy));
-    int x1 = x0 + 1;
-    int y1 = y0 + 1;
-    A nw = (A(x1) - ix) * (A(y1) - iy);
-    A ne = (ix - A(x0)) * (A(y1) - iy);
-    A sw = (A(x1) - ix) * (iy - A(y0));
-    A se = (ix - A(x0)) * (iy - A(y0));
-    bool x0_in = x0 >= 0 && x0 < W, x1_in = x1 >= 0 && x1 < W;
-    bool y0_in = y0 >= 0 && y0 < H, y1_in = y1 >= 0 && y1 < H;
-    bool nw_in = y0_in && x0_in, ne_in = y0_in && x1_in, sw_in = y1_in && x0_in, se_in = y1_in && x1_in;
-    int64_t nw_at = x_base + (int64_t(y0) * W + x0) * C;
-    int64_t ne_at = nw_at + C;
-    int64_t sw_at = nw_at + int64_t(W) * C;
-    int64_t se_at = sw_at + C;
-"""
-
-SAMPLE_SOURCE = _PROLOGUE + """
-    device T* o = out + o_base;
-    if (nearest) {
-        int xn = int(rint(ix));  // nearbyint: halfway cases to even, as PyTorch
-        int yn = int(rint(iy));
-        if (xn >= 0 && xn < W && yn >= 0 && yn < H) {
-            const device T* p = x + x_base + (int64_t(yn) * W + xn) * C;
-            for (int c = lane; c < C; c += CL) o[c] = p[c];
-        } else {
-            for (int c = lane; c < C; c += CL) o[c] = T(0);
+# Every kernel below takes its settings as template constants: T (x's dtype), A (compute dtype),
+# V (channels per access), L (lanes per point), NEAREST, PADDING, ALIGN. The grid has fewer than
+# 2**32 points (checked), so a point's index fits 32 bits where it is divided.
+SAMPLE_SOURCE = """
+    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
+    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
+    const uint64_t n = uint64_t(grid_shape[0]) * per_image;
+    const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t p = tid / L;
+    const int lane = int(tid % L);
+    if (p >= n) return;
+    const unsigned b = unsigned(p) / per_image;
+    A unused;
+    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, unused);
+    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, unused);
+    const T* xb = x + int64_t(b) * H * W * C;  // image b
+    T* o = out + p * C;
+    if (NEAREST) {
+        const int xn = int(rint(ix));
+        const int yn = int(rint(iy));
+        const bool in = xn >= 0 && xn < W && yn >= 0 && yn < H;
+        const T* src = xb + (int64_t(yn) * W + xn) * C;
+        for (int c = lane * V; c < C; c += L * V) {
+            A v[V];
+            if (in) {
+                gs_ld<V>(src + c, v);
+            } else {
+                for (int i = 0; i < V; ++i) v[i] = A(0);
+            }
+            gs_st<V>(o + c, v);
         }
         return;
     }
-""" + _CORNERS + """
-    for (int c = lane; c < C; c += CL) {
-        A v = A(0);  // PyTorch's order of the four terms
-        if (nw_in) v += A(x[nw_at + c]) * nw;
-        if (ne_in) v += A(x[ne_at + c]) * ne;
-        if (sw_in) v += A(x[sw_at + c]) * sw;
-        if (se_in) v += A(x[se_at + c]) * se;
-        o[c] = T(v);
+    const int x0 = int(floor(ix)), y0 = int(floor(iy));
+    const int x1 = x0 + 1, y1 = y0 + 1;
+    // PyTorch's weights and order of terms
+    const A nw = (A(x1) - ix) * (A(y1) - iy);
+    const A ne = (ix - A(x0)) * (A(y1) - iy);
+    const A sw = (A(x1) - ix) * (iy - A(y0));
+    const A se = (ix - A(x0)) * (iy - A(y0));
+    const bool x0_in = x0 >= 0 && x0 < W, x1_in = x1 >= 0 && x1 < W;
+    const bool y0_in = y0 >= 0 && y0 < H, y1_in = y1 >= 0 && y1 < H;
+    const T* pnw = xb + (int64_t(y0) * W + x0) * C;
+    const T* pne = pnw + C;
+    const T* psw = pnw + int64_t(W) * C;
+    const T* pse = psw + C;
+    for (int c = lane * V; c < C; c += L * V) {
+        A v[V], t[V];
+        for (int i = 0; i < V; ++i) v[i] = A(0);
+        if (y0_in && x0_in) { gs_ld<V>(pnw + c, t); for (int i = 0; i < V; ++i) v[i] += t[i] * nw; }
+        if (y0_in && x1_in) { gs_ld<V>(pne + c, t); for (int i = 0; i < V; ++i) v[i] += t[i] * ne; }
+        if (y1_in && x0_in) { gs_ld<V>(psw + c, t); for (int i = 0; i < V; ++i) v[i] += t[i] * sw; }
+        if (y1_in && x1_in) { gs_ld<V>(pse + c, t); for (int i = 0; i < V; ++i) v[i] += t[i] * se; }
+        gs_st<V>(o + c, v);
     }
 """
 
-BACKWARD_BILINEAR_SOURCE = _PROLOGUE + _CORNERS + """
-    A gix = A(0);
-    A giy = A(0);
-    // The same trip count on every lane of the pixel, so that they meet again at the shuffles.
-    for (int c0 = 0; c0 < C; c0 += CL) {
-        int c = c0 + lane;
-        if (c >= C) continue;
-        A go = A(cotangent[o_base + c]);
-        if (nw_in) {
-            atomic_fetch_add_explicit(&x_grad[nw_at + c], nw * go, memory_order_relaxed);
-            A v = A(x[nw_at + c]);
-            gix -= v * (A(y1) - iy) * go;
-            giy -= v * (A(x1) - ix) * go;
-        }
-        if (ne_in) {
-            atomic_fetch_add_explicit(&x_grad[ne_at + c], ne * go, memory_order_relaxed);
-            A v = A(x[ne_at + c]);
-            gix += v * (A(y1) - iy) * go;
-            giy -= v * (ix - A(x0)) * go;
-        }
-        if (sw_in) {
-            atomic_fetch_add_explicit(&x_grad[sw_at + c], sw * go, memory_order_relaxed);
-            A v = A(x[sw_at + c]);
-            gix -= v * (iy - A(y0)) * go;
-            giy += v * (A(x1) - ix) * go;
-        }
-        if (se_in) {
-            atomic_fetch_add_explicit(&x_grad[se_at + c], se * go, memory_order_relaxed);
-            A v = A(x[se_at + c]);
-            gix += v * (iy - A(y0)) * go;
-            giy += v * (ix - A(x0)) * go;
+# _bin: one thread per point. coords (N, 4): ix, iy, d(ix)/d(grid x), d(iy)/d(grid y).
+BIN_SOURCE = """
+    const int H = height[0], W = width[0];
+    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
+    const uint64_t p = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= uint64_t(grid_shape[0]) * per_image) return;
+    const unsigned b = unsigned(p) / per_image;
+    A gmx, gmy;
+    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
+    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
+    const A c[4] = {ix, iy, gmx, gmy};
+    gs_st<4>(coords + 4 * p, c);
+    const int tw = tile_w[0], tiles = (W + tw - 1) / tw;
+    int y_lo, t_lo, t_hi;
+    const int m = gs_entries<NEAREST>(ix, iy, H, W, tw, y_lo, t_lo, t_hi);
+    int r[4];  // all the increments first, then the stores: the increments overlap
+    for (int k = 0; k < 4; ++k)
+        if (k < m) r[k] = atomicAdd(&count[gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k)], 1);
+    for (int k = 0; k < 4; ++k)
+        if (k < m) rank[4 * p + k] = r[k];
+"""
+
+# _place: one thread per point.
+PLACE_SOURCE = """
+    const int H = height[0], W = width[0];
+    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
+    const uint64_t p = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= uint64_t(grid_shape[0]) * per_image) return;
+    const unsigned b = unsigned(p) / per_image;
+    const int tw = tile_w[0], tiles = (W + tw - 1) / tw;
+    gs_entry<A> e;
+    e.ix = coords[4 * p];
+    e.iy = coords[4 * p + 1];
+    e.p = int(p);
+    int y_lo, t_lo, t_hi;
+    const int m = gs_entries<NEAREST>(e.ix, e.iy, H, W, tw, y_lo, t_lo, t_hi);
+    int at[4];  // all the loads first, then the stores: the loads overlap
+    for (int k = 0; k < 4; ++k) {
+        if (k < m) {
+            const int bin = gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k);
+            at[k] = __ldg(&end[bin]) - __ldg(&count[bin]) + __ldg(&rank[4 * p + k]);
         }
     }
-    // The pixel's CL lanes are CL consecutive lanes of one SIMD-group, all running (the grid is
-    // a multiple of CL): sum over them, both partial sums in one vector (one exchange per step).
-    vec<A, 2> gi = vec<A, 2>(gix, giy);
-    if (CL == 32) {
-        gi = simd_sum(gi);
+    gs_entry<A>* out = reinterpret_cast<gs_entry<A>*>(entries);
+    for (int k = 0; k < 4; ++k) {
+        if (k < m) {
+            e.k = k;
+            out[at[k]] = e;
+        }
+    }
+"""
+
+# _scatter: one threadgroup per (tile, chunk of channels), its tile of x_grad in shared memory:
+# zeroed, the entries' contributions added (shared-memory atomics: entries of a tile collide),
+# then stored. A round of the entry loop gives each group of L lanes one entry; every lane runs
+# the same rounds (the bounds are the threadgroup's), so that a warp's lanes meet at the
+# shuffles. part (N, 4 entries, chunks, 2): each entry's sums for grid_grad, before d(i)/d(grid).
+# (Written for few registers: this kernel's speed follows how many threads fit on a
+# multiprocessor; at 32 registers a thread, all 2048 do.)
+SCATTER_SOURCE = """
+    extern __shared__ float4 gs_shared[];
+    A* tile = reinterpret_cast<A*>(gs_shared);  // element (column px, channel c) at px * nc + c
+    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
+    const int tw = tile_w[0], cq = chunk[0];
+    const unsigned tiles = (W + tw - 1) / tw, chunks = (C + cq - 1) / cq;
+    const unsigned bin = blockIdx.x / chunks;
+    const int q = blockIdx.x % chunks;
+    const int row = bin / tiles % H;
+    const int x_lo = bin % tiles * tw, ncol = min(W - x_lo, tw);
+    const int c_lo = q * cq, nc = min(C - c_lo, cq);  // a multiple of V
+    const int n = ncol * nc;
+    const unsigned b = bin / tiles / H;
+    const int nt = blockDim.x, tid = threadIdx.x, lane = tid % L;
+    for (int i = tid * V; i < n; i += nt * V)
+        for (int k = 0; k < V; ++k) tile[i + k] = A(0);
+    __syncthreads();
+    const int64_t origin = ((int64_t(b) * H + row) * W + x_lo) * C + c_lo;  // the tile in x, x_grad
+    const T* xs = x + origin;
+    const gs_entry<A>* bin_entries = reinterpret_cast<const gs_entry<A>*>(entries);
+    const int stop = end[bin];
+    for (int base = stop - count[bin]; base < stop; base += nt / L) {
+        const int at = base + tid / L;
+        const bool has = at < stop;
+        const gs_entry<A> e = bin_entries[has ? at : base];
+        // the entry's corners in this row and tile (at most two): column in the tile (-1: none),
+        // weights for x_grad (w) and for the gradient in ix (dx) and iy (dy), as PyTorch's
+        int cx0 = -1, cx1 = -1;
+        A w0 = A(0), w1 = A(0), dx0 = A(0), dx1 = A(0), dy0 = A(0), dy1 = A(0);
+        if (NEAREST) {
+            const int xn = int(rint(e.ix)) - x_lo;
+            if (xn >= 0 && xn < ncol) { cx0 = xn; w0 = A(1); }
+        } else {
+            const int x0 = int(floor(e.ix)), y0 = int(floor(e.iy));
+            const A wx0 = A(x0 + 1) - e.ix, wx1 = e.ix - A(x0);
+            const bool top = row == y0;  // else the row is y0 + 1
+            const A wy = top ? A(y0 + 1) - e.iy : e.iy - A(y0);
+            const A sy = top ? A(-1) : A(1);
+            if (x0 - x_lo >= 0 && x0 - x_lo < ncol) {
+                cx0 = x0 - x_lo; w0 = wx0 * wy; dx0 = -wy; dy0 = sy * wx0;
+            }
+            if (x0 + 1 - x_lo >= 0 && x0 + 1 - x_lo < ncol) {
+                cx1 = x0 + 1 - x_lo; w1 = wx1 * wy; dx1 = wy; dy1 = sy * wx1;
+            }
+        }
+        const T* g = cotangent + int64_t(e.p) * C + c_lo;
+        A gix = A(0), giy = A(0);
+        for (int c = lane * V; has && c < nc; c += L * V) {
+            A go[V], v[V];
+            gs_ld<V>(g + c, go);
+            if (cx0 >= 0) {
+                for (int i = 0; i < V; ++i) atomicAdd(&tile[cx0 * nc + c + i], w0 * go[i]);
+                if (!NEAREST) {
+                    gs_ld<V>(xs + cx0 * C + c, v);
+                    for (int i = 0; i < V; ++i) { gix += v[i] * dx0 * go[i]; giy += v[i] * dy0 * go[i]; }
+                }
+            }
+            if (cx1 >= 0) {
+                for (int i = 0; i < V; ++i) atomicAdd(&tile[cx1 * nc + c + i], w1 * go[i]);
+                if (!NEAREST) {
+                    gs_ld<V>(xs + cx1 * C + c, v);
+                    for (int i = 0; i < V; ++i) { gix += v[i] * dx1 * go[i]; giy += v[i] * dy1 * go[i]; }
+                }
+            }
+        }
+        if (!NEAREST) {
+            // An entry's L lanes are L consecutive lanes of one warp: a butterfly sums their parts.
+            for (int d = L / 2; d > 0; d /= 2) {
+                gix += __shfl_xor_sync(0xffffffffu, gix, d);
+                giy += __shfl_xor_sync(0xffffffffu, giy, d);
+            }
+            if (has && lane == 0) {
+                const int64_t at_part = ((int64_t(e.p) * 4 + e.k) * chunks + q) * 2;
+                part[at_part] = gix;
+                part[at_part + 1] = giy;
+            }
+        }
+    }
+    __syncthreads();
+    T* dst = x_grad + origin;
+    if (nc == C) {  // the tile is contiguous in x_grad
+        for (int i = tid * V; i < n; i += nt * V) gs_st<V>(dst + i, tile + i);
     } else {
-        for (ushort d = CL / 2; d > 0; d /= 2) gi += simd_shuffle_xor(gi, d);  // a butterfly
-    }
-    if (lane == 0) {  // one writer per element: a plain (atomic) store, no read-modify-write
-        atomic_store_explicit(&grid_grad[2 * int64_t(pix)], T(gmx * gi.x), memory_order_relaxed);
-        atomic_store_explicit(&grid_grad[2 * int64_t(pix) + 1], T(gmy * gi.y), memory_order_relaxed);
+        for (int i = tid * V; i < n; i += nt * V) gs_st<V>(dst + i / nc * C + i % nc, tile + i);
     }
 """
 
-BACKWARD_NEAREST_SOURCE = _PROLOGUE + """
-    int xn = int(rint(ix));
-    int yn = int(rint(iy));
-    if (xn >= 0 && xn < W && yn >= 0 && yn < H) {
-        int64_t at = x_base + (int64_t(yn) * W + xn) * C;
-        for (int c = lane; c < C; c += CL)
-            atomic_fetch_add_explicit(&x_grad[at + c], A(cotangent[o_base + c]), memory_order_relaxed);
+# _finish: one thread per point (bilinear only).
+FINISH_SOURCE = """
+    const int H = x_shape[1], W = x_shape[2];
+    const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= coords_shape[0]) return;
+    const int chunks = n_chunks[0];
+    int y_lo, t_lo, t_hi;
+    const int m = gs_entries<false>(A(coords[4 * p]), A(coords[4 * p + 1]), H, W, tile_w[0],
+                                    y_lo, t_lo, t_hi);
+    A gix = A(0), giy = A(0);
+    for (int k = 0; k < m * chunks; ++k) {
+        gix += part[(p * 4 * chunks + k) * 2];
+        giy += part[(p * 4 * chunks + k) * 2 + 1];
     }
+    grid_grad[2 * p] = T(A(coords[4 * p + 2]) * gix);
+    grid_grad[2 * p + 1] = T(A(coords[4 * p + 3]) * giy);
 """
 
 # "relaxed" math: FMA contraction as nvcc compiles PyTorch's kernels, and IEEE division.
 _OPTIONS = {"math_mode": "relaxed"}
-# The settings are scalar inputs, not template values: a branch that every thread takes the same
-# way costs next to nothing, and one compiled kernel per dtype serves all twelve settings.
-_SETTINGS = ["nearest", "padding", "align_corners"]
-_sample = metal_kernel(name="grid_sample_nhwc", input_names=["x", "grid", *_SETTINGS], output_names=["out"],
-                       source=SAMPLE_SOURCE, header=HEADER, compile_options=_OPTIONS)
-# x_grad is an atomic float32 (float64 for float64 data) output even for half and bfloat16 x,
-# cast afterwards: many output pixels scatter into one x element, and a 16-bit running sum
-# loses their small contributions once it is large (bfloat16 keeps 8 bits); 16-bit atomics
-# are also emulated with compare-and-swap loops on some targets.
-_backward_bilinear = metal_kernel(name="grid_sample_nhwc_vjp",
-                                  input_names=["x", "grid", "cotangent", *_SETTINGS],
-                                  output_names=["x_grad", "grid_grad"], source=BACKWARD_BILINEAR_SOURCE,
-                                  header=HEADER, atomic_outputs=True, compile_options=_OPTIONS)
-_backward_nearest = metal_kernel(name="grid_sample_nhwc_vjp_nearest",
-                                 input_names=["x", "grid", "cotangent", *_SETTINGS], output_names=["x_grad"],
-                                 source=BACKWARD_NEAREST_SOURCE, header=HEADER, atomic_outputs=True,
-                                 compile_options=_OPTIONS)
+# Shared memory of a _scatter threadgroup: its tile of x_grad, in A. (12 KiB and 128 threads: 16
+# threadgroups, 2048 threads, on a multiprocessor; measured best on the H100.)
+_TILE_BYTES = 12 * 1024
+_sample = cuda_kernel(name="grid_sample_nhwc", input_names=["x", "grid"], output_names=["out"],
+                      source=SAMPLE_SOURCE, header=HEADER, compile_options=_OPTIONS)
+_bin = cuda_kernel(name="grid_sample_nhwc_bin", input_names=["grid", "height", "width", "tile_w"],
+                   output_names=["coords", "count", "rank"], source=BIN_SOURCE, header=HEADER,
+                   compile_options=_OPTIONS)
+_place = cuda_kernel(name="grid_sample_nhwc_place",
+                     input_names=["grid", "coords", "rank", "count", "end", "height", "width", "tile_w"],
+                     output_names=["entries"], source=PLACE_SOURCE, header=HEADER, compile_options=_OPTIONS)
+_scatter = cuda_kernel(name="grid_sample_nhwc_scatter",
+                       input_names=["x", "cotangent", "entries", "count", "end", "tile_w", "chunk"],
+                       output_names=["x_grad", "part"], source=SCATTER_SOURCE, header=HEADER,
+                       shared_memory=_TILE_BYTES, compile_options=_OPTIONS)
+_finish = cuda_kernel(name="grid_sample_nhwc_finish",
+                      input_names=["x", "coords", "part", "tile_w", "n_chunks"], output_names=["grid_grad"],
+                      source=FINISH_SOURCE, header=HEADER, compile_options=_OPTIONS)
 
 MODES = ("bilinear", "nearest")
 PADDING_MODES = ("zeros", "border", "reflection")
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_THREADGROUP = (256, 1, 1)
+_THREADS = 256          # threadgroup size of the kernels over points
+_SCATTER_THREADS = 128  # _scatter's threadgroup (one tile)
 
 
-def _lanes(C: int, itemsize: int) -> int:
-    """Lanes per output pixel: a power of two up to 32 (a SIMD-group), at least 32 bytes of a
-    pixel's channels per read (a GPU memory sector) where C allows, with the least padding."""
-    cap = min(32, 1 << max(C - 1, 0).bit_length())
-    floor_ = min(cap, max(1, 32 // itemsize))
+def _vector(C: int, itemsize: int, *tensors) -> int:
+    """Channels per access: the most (up to 16 bytes) that divide C and keep every tensor's
+    accesses aligned."""
+    for v in (8, 4, 2):
+        size = v * itemsize
+        if size <= 16 and C % v == 0 and all(t.data_ptr() % size == 0 for t in tensors):
+            return v
+    return 1
+
+
+def _lanes(vectors: int, size: int) -> int:
+    """Lanes per point for `vectors` accesses of `size` bytes each: a power of two up to 32 (a
+    warp), at least 32 bytes per access of the point's lanes (a memory sector) where there are
+    enough, with the fewest idle lanes."""
+    cap = min(32, 1 << max(vectors - 1, 0).bit_length())
+    floor_ = min(cap, max(1, 32 // size))
     options = [cl for cl in (32, 16, 8, 4, 2, 1) if floor_ <= cl <= cap]
-    return min(options, key=lambda cl: (-(-C // cl) * cl, -cl))
+    return min(options, key=lambda cl: (-(-vectors // cl) * cl, -cl))
 
 
-def _check(x, grid, mode, padding_mode, align_corners) -> None:
-    for name, t in (("x", x), ("grid", grid)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"grid_sample: `{name}` must be a torch.Tensor, got {type(t).__name__}.")
-        if t.ndim != 4:
-            raise ValueError(f"grid_sample: `{name}` must be 4-D, got shape {tuple(t.shape)}.")
-        if t.dtype not in _FLOATS:
-            raise TypeError(f"grid_sample: `{name}` must be float16, bfloat16, float32 or float64, "
-                            f"got {t.dtype}.")
-    if grid.shape[-1] != 2:
-        raise ValueError(f"grid_sample: the last dim of `grid` must be 2 (x, y), got shape "
-                         f"{tuple(grid.shape)}.")
-    if x.shape[0] != grid.shape[0]:
-        raise ValueError(f"grid_sample: `x` and `grid` must have the same batch size, got "
-                         f"{x.shape[0]} and {grid.shape[0]}.")
-    if x.device != grid.device:
-        raise ValueError(f"grid_sample: `x` and `grid` must be on the same device, got {x.device} "
-                         f"and {grid.device}.")
-    if x.dtype != grid.dtype:
-        raise TypeError(f"grid_sample: `x` and `grid` must have the same dtype, got {x.dtype} and "
-                        f"{grid.dtype}.")
-    if mode not in MODES:
-        raise ValueError(f"grid_sample: mode must be one of {MODES}, got {mode!r}.")
-    if padding_mode not in PADDING_MODES:
-        raise ValueError(f"grid_sample: padding_mode must be one of {PADDING_MODES}, got "
-                         f"{padding_mode!r}.")
-    if not isinstance(align_corners, bool):
-        raise TypeError(f"grid_sample: align_corners must be a bool, got {align_corners!r}.")
-    if (x.shape[1] == 0 or x.shape[2] == 0) and grid.shape[1] * grid.shape[2] * x.shape[0] * x.shape[3]:
-        raise ValueError(f"grid_sample: `x` must have non-empty spatial dims (H, W), got shape "
-                         f"{tuple(x.shape)}.")
-
-
-def _launch_args(x, grid, mode, padding_mode, align_corners):
-    """(settings inputs, template, dispatch grid) of a kernel over grid's pixels."""
-    B, gH, gW, _ = grid.shape
-    cl = _lanes(x.shape[3], x.element_size())
-    threads = B * gH * gW * cl
-    if threads >= 2**32:
-        raise ValueError(f"grid_sample: {B * gH * gW} grid points x {cl} lanes exceed the 2**32 "
-                         "threads of one launch; split the batch.")
+def _template(x, mode, padding_mode, align_corners, v, lanes):
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    settings = [mode == "nearest", PADDING_MODES.index(padding_mode), align_corners]
-    return settings, [("T", x.dtype), ("A", acc), ("CL", cl)], (threads, 1, 1)
+    return [("T", x.dtype), ("A", acc), ("V", v), ("L", lanes), ("NEAREST", mode == "nearest"),
+            ("PADDING", PADDING_MODES.index(padding_mode)), ("ALIGN", align_corners)]
+
+
+def _check(x, grid, mode, padding_mode, align_corners) -> Preconditions:
+    pre = Preconditions("grid_sample")
+    pre.tensor("x", x, dtype=FLOATS, shape=("B", "H", "W", "C"))
+    pre.tensor("grid", grid, dtype="x", shape=("B", "gH", "gW", 2))
+    pre.choice("mode", mode, MODES)
+    pre.choice("padding_mode", padding_mode, PADDING_MODES)
+    pre.flag("align_corners", align_corners)
+    if (pre["H"] == 0 or pre["W"] == 0) and pre["B"] * pre["gH"] * pre["gW"] * pre["C"]:
+        pre.fail(f"x has shape {tuple(x.shape)}; expected non-empty spatial dims (H, W) for a "
+                 "non-empty output.")
+    return pre
+
+
+def _threads(points: int, lanes: int) -> int:
+    if points * lanes >= 2**32:
+        raise ValueError(f"grid_sample: {points} grid points x {lanes} lanes exceed the 2**32 "
+                         "threads of one launch; split the batch.")
+    return points * lanes
 
 
 def grid_sample_forward(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
@@ -480,41 +677,88 @@ def grid_sample_forward(x, grid, mode="bilinear", padding_mode="zeros", align_co
 
 
 def _forward_checked(x, grid, mode, padding_mode, align_corners):
-    out_shape = (x.shape[0], grid.shape[1], grid.shape[2], x.shape[3])
+    B, gH, gW, _ = grid.shape
+    C = x.shape[3]
+    out_shape = (B, gH, gW, C)
     if math.prod(out_shape) == 0:
         return x.new_empty(out_shape)
-    settings, template, threads = _launch_args(x, grid, mode, padding_mode, align_corners)
-    return _sample(inputs=[x, grid, *settings], template=template, output_shapes=[out_shape],
-                   output_dtypes=[x.dtype], grid=threads, threadgroup=_THREADGROUP)[0]
+    x = x.contiguous()  # (the kernel would copy it anyway) the data whose alignment counts
+    v = _vector(C, x.element_size(), x)  # the output is a fresh allocation: aligned
+    lanes = _lanes(C // v, v * x.element_size())
+    return _sample(inputs=[x, grid], template=_template(x, mode, padding_mode, align_corners, v, lanes),
+                   output_shapes=[out_shape], output_dtypes=[x.dtype],
+                   grid=(_threads(B * gH * gW, lanes), 1, 1), threadgroup=(_THREADS, 1, 1))[0]
 
 
 def grid_sample_backward(x, grid, cotangent, mode="bilinear", padding_mode="zeros",
                          align_corners=False):
     """(x_grad, grid_grad) of grid_sample for the cotangent of its output (B, gH, gW, C)."""
-    _check(x, grid, mode, padding_mode, align_corners)
+    pre = _check(x, grid, mode, padding_mode, align_corners)
+    pre.tensor("cotangent", cotangent, shape=("B", "gH", "gW", "C"), same_device=False)  # (moved)
     return _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners)
 
 
+def _tiling(W: int, C: int, acc_size: int, v: int) -> tuple[int, int]:
+    """(TW, CQ): a _scatter tile is TW pixels of a row by CQ channels of x, within _TILE_BYTES."""
+    elems = _TILE_BYTES // acc_size
+    if C <= elems:
+        return min(W, elems // C), C
+    return 1, elems // v * v
+
+
+def _binning(x_shape, dtype, grid, mode, padding_mode, align_corners):
+    """The backward's first half, which needs no cotangent (nor x's data): (TW, CQ, coords,
+    count, end, entries) for x of this shape and dtype and grid (a non-empty output)."""
+    B, H, W, C = x_shape
+    _, gH, gW, _ = grid.shape
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    n = B * gH * gW
+    # the tiles' channels: a multiple of the widest access, hence of the one the backward takes
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    tw, cq = _tiling(W, C, 8 if acc == torch.float64 else 4, max(1, 16 // itemsize))
+    bins, chunks = B * H * -(-W // tw), -(-C // cq)
+    if 4 * n >= 2**31 or bins >= 2**31 or bins * chunks * _SCATTER_THREADS >= 2**32:
+        raise ValueError(f"grid_sample: the backward of {n} grid points on x of shape {tuple(x_shape)} "
+                         "exceeds one launch; split the batch.")
+    settings = [("A", acc), ("NEAREST", mode == "nearest"), ("PADDING", PADDING_MODES.index(padding_mode)),
+                ("ALIGN", align_corners)]
+    points, group = (_threads(n, 1), 1, 1), (_THREADS, 1, 1)
+    # per point: coordinates, and its rank among each of its tiles' entries
+    coords, count, rank = _bin(inputs=[grid, H, W, tw], template=settings,
+                               output_shapes=[(n, 4), (bins,), (n, 4)],
+                               output_dtypes=[acc, torch.int32, torch.int32], grid=points,
+                               threadgroup=group, init_value=0)
+    end = torch.cumsum(count, 0, dtype=torch.int32)  # where each tile's entries end
+    entries, = _place(inputs=[grid, coords, rank, count, end, H, W, tw], template=settings[:2],
+                      output_shapes=[(4 * n, 4)], output_dtypes=[acc], grid=points, threadgroup=group)
+    return tw, cq, coords, count, end, entries
+
+
 def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners):
-    out_shape = (x.shape[0], grid.shape[1], grid.shape[2], x.shape[3])
-    if tuple(cotangent.shape) != out_shape:
-        raise ValueError(f"grid_sample: the cotangent must have the output's shape {out_shape}, "
-                         f"got {tuple(cotangent.shape)}.")
+    B, H, W, C = x.shape
+    _, gH, gW, _ = grid.shape
+    out_shape = (B, gH, gW, C)
     if math.prod(out_shape) == 0:
         return torch.zeros_like(x), torch.zeros_like(grid)
-    cotangent = cotangent.to(device=x.device, dtype=x.dtype)
-    settings, template, threads = _launch_args(x, grid, mode, padding_mode, align_corners)
-    inputs, acc = [x, grid, cotangent, *settings], template[1][1]
-    if mode == "nearest":  # the output is piecewise constant in grid: torch's grid_grad is zero
-        x_grad, = _backward_nearest(inputs=inputs, template=template,
-                                    output_shapes=[x.shape], output_dtypes=[acc], grid=threads,
-                                    threadgroup=_THREADGROUP, init_value=0)
-        grid_grad = torch.zeros_like(grid)
-    else:
-        x_grad, grid_grad = _backward_bilinear(
-            inputs=inputs, template=template, output_shapes=[x.shape, grid.shape],
-            output_dtypes=[acc, x.dtype], grid=threads, threadgroup=_THREADGROUP, init_value=0)
-    return x_grad.to(x.dtype), grid_grad
+    x, grid = x.contiguous(), grid.contiguous()
+    cotangent = cotangent.to(device=x.device, dtype=x.dtype).contiguous()
+    tw, cq, coords, count, end, entries = _binning(x.shape, x.dtype, grid, mode, padding_mode, align_corners)
+    n, chunks = B * gH * gW, -(-C // cq)
+    v = _vector(C, x.element_size(), x, cotangent)
+    template = _template(x, mode, padding_mode, align_corners, v, _lanes(C // v, v * x.element_size()))
+    nearest = mode == "nearest"
+    # x_grad, tile by tile, and each entry's part of grid_grad
+    x_grad, part = _scatter(inputs=[x, cotangent, entries, count, end, tw, cq], template=template[:5],
+                            output_shapes=[x.shape, (1,) if nearest else (n, 4, chunks, 2)],
+                            output_dtypes=[x.dtype, coords.dtype],
+                            grid=(count.numel() * chunks * _SCATTER_THREADS, 1, 1),
+                            threadgroup=(_SCATTER_THREADS, 1, 1))
+    if nearest:  # the output is piecewise constant in grid: torch's grid_grad is zero
+        return x_grad, torch.zeros_like(grid)
+    grid_grad, = _finish(inputs=[x, coords, part, tw, chunks], template=template[:2],
+                         output_shapes=[grid.shape], output_dtypes=[x.dtype], grid=(_threads(n, 1), 1, 1),
+                         threadgroup=(_THREADS, 1, 1))
+    return x_grad, grid_grad
 
 
 # The settings are keyword arguments: custom_function passes them to the rules as constants.

@@ -14,6 +14,7 @@ import math
 import torch
 
 from .. import custom_function, metal_kernel
+from ..preconditions import FLOATS, Preconditions
 
 # A threadgroup of 16 x 16 threads computes a 64 x 64 tile of one batch's output, stepping
 # through K 16 at a time: both operand tiles go through threadgroup memory, so every value
@@ -92,42 +93,25 @@ _BM, _BN, _BK = 64, 64, 16
 _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"], output_names=["out"],
                        source=SOURCE, ensure_row_contiguous=False,
                        compile_options={"math_mode": "relaxed"})  # FMA contraction, IEEE division
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _output_shape(lhs, rhs, bias) -> tuple[int, ...]:
     """The output's shape, after checking the operands."""
-    for name, t in (("lhs", lhs), ("rhs", rhs), ("bias", bias)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"matmul_add_relu: `{name}` must be a torch.Tensor, got {type(t).__name__}.")
-        if t.dtype not in _FLOATS:
-            raise TypeError(f"matmul_add_relu: `{name}` must be float16, bfloat16, float32 or float64, "
-                            f"got {t.dtype}.")
-    if not lhs.dtype == rhs.dtype == bias.dtype:
-        raise TypeError(f"matmul_add_relu: lhs, rhs and bias must have the same dtype, got "
-                        f"{lhs.dtype}, {rhs.dtype} and {bias.dtype}.")
-    if not lhs.device == rhs.device == bias.device:
-        raise ValueError(f"matmul_add_relu: lhs, rhs and bias must be on the same device, got "
-                         f"{lhs.device}, {rhs.device} and {bias.device}.")
-    if lhs.ndim < 2 or rhs.ndim < 2:
-        raise ValueError(f"matmul_add_relu: lhs and rhs must have at least 2 dims (..., M, K) and "
-                         f"(..., K, N), got shapes {tuple(lhs.shape)} and {tuple(rhs.shape)}.")
-    if lhs.shape[-1] != rhs.shape[-2]:
-        raise ValueError(f"matmul_add_relu: inner dims differ: lhs {tuple(lhs.shape)} has K = "
-                         f"{lhs.shape[-1]}, rhs {tuple(rhs.shape)} has K = {rhs.shape[-2]}.")
+    pre = Preconditions("matmul_add_relu")
+    pre.tensor("lhs", lhs, dtype=FLOATS, shape=(..., "M", "K"))
+    pre.tensor("rhs", rhs, dtype="lhs", shape=(..., "K", "N"))
+    pre.tensor("bias", bias, dtype="lhs")
     try:
         batch = torch.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2])
     except RuntimeError:
-        raise ValueError(f"matmul_add_relu: the batch dims of lhs {tuple(lhs.shape)} and rhs "
-                         f"{tuple(rhs.shape)} do not broadcast.") from None
-    out_shape = (*batch, lhs.shape[-2], rhs.shape[-1])
+        pre.fail(f"the batch dims of lhs {tuple(lhs.shape)} and rhs {tuple(rhs.shape)} do not broadcast.")
+    out_shape = (*batch, pre["M"], pre["N"])
     try:
         ok = torch.broadcast_shapes(out_shape, bias.shape) == out_shape
     except RuntimeError:
         ok = False
     if not ok:
-        raise ValueError(f"matmul_add_relu: bias of shape {tuple(bias.shape)} does not broadcast to "
-                         f"the output's shape {out_shape}.")
+        pre.fail(f"bias of shape {tuple(bias.shape)} does not broadcast to the output's shape {out_shape}.")
     return out_shape
 
 

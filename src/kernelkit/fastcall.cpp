@@ -1,0 +1,584 @@
+// kernelkit's fast call path in C (kernel.py's plans; fastcall.py builds and loads this file).
+//
+// `call` reads a repeated call's plan key off its arguments and runs the plan; on CUDA, `run`
+// is a whole plan: allocate the outputs, pack the argument block from the tensors' pointers,
+// cuLaunchKernel on torch's current stream. Python and cuda-bindings take ~2x the host time for
+// the same steps. The driver's entry points come from cuda-bindings' cuGetProcAddress
+// (set_driver), so this file links nothing and includes no CUDA header: the typedefs below are
+// the driver API's stable C ABI.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using CUresult = int;
+using CUcontext = void*;
+using CUfunction = void*;
+using CUstream = void*;
+using LaunchKernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, unsigned, CUstream, void**, void**);
+using CtxGetCurrent = CUresult (*)(CUcontext*);
+using CtxPush = CUresult (*)(CUcontext);
+using CtxPop = CUresult (*)(CUcontext*);
+
+LaunchKernel launch_kernel = nullptr;
+CtxGetCurrent ctx_get_current = nullptr;
+CtxPush ctx_push = nullptr;
+CtxPop ctx_pop = nullptr;
+
+void* as_pointer(PyObject* o) { return PyLong_AsVoidPtr(o); }
+
+unsigned as_unsigned(PyObject* o) { return static_cast<unsigned>(PyLong_AsUnsignedLong(o)); }
+
+// set_driver(cuLaunchKernel, cuCtxGetCurrent, cuCtxPushCurrent, cuCtxPopCurrent): addresses.
+PyObject* set_driver(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "set_driver expects 4 function addresses");
+    return nullptr;
+  }
+  launch_kernel = reinterpret_cast<LaunchKernel>(as_pointer(args[0]));
+  ctx_get_current = reinterpret_cast<CtxGetCurrent>(as_pointer(args[1]));
+  ctx_push = reinterpret_cast<CtxPush>(as_pointer(args[2]));
+  ctx_pop = reinterpret_cast<CtxPop>(as_pointer(args[3]));
+  if (PyErr_Occurred()) return nullptr;
+  Py_RETURN_NONE;
+}
+
+// cuLaunchKernel with `ctx` made current for it when it is not already (torch's current
+// device may be another).
+CUresult launch_in_context(CUfunction fn, CUcontext ctx, const unsigned* dims, CUstream stream,
+                           void** params) {
+  CUcontext current = nullptr;
+  CUresult err = ctx_get_current(&current);
+  bool pushed = false;
+  if (err == 0 && current != ctx) {
+    err = ctx_push(ctx);
+    pushed = err == 0;
+  }
+  if (err == 0)
+    err = launch_kernel(fn, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream,
+                        params, nullptr);
+  if (pushed) {
+    CUcontext popped;
+    CUresult pop_err = ctx_pop(&popped);
+    if (err == 0) err = pop_err;
+  }
+  return err;
+}
+
+// launch(function, context, blocks_x, blocks_y, blocks_z, threads_x, threads_y, threads_z,
+//        shared_bytes, stream, block) -> CUresult as int.
+// `block` is the packed argument block (bytes): the kernel's one by-value parameter. The
+// context is made current for the launch when it is not already (torch's device may differ).
+PyObject* launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 11 || !PyBytes_Check(args[10])) {
+    PyErr_SetString(PyExc_TypeError, "launch expects 10 ints and the argument block (bytes)");
+    return nullptr;
+  }
+  if (launch_kernel == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "kernelkit's CUDA launcher has no driver entry points");
+    return nullptr;
+  }
+  CUfunction fn = as_pointer(args[0]);
+  CUcontext ctx = as_pointer(args[1]);
+  unsigned dims[7];
+  for (int i = 0; i < 7; ++i) dims[i] = as_unsigned(args[2 + i]);
+  CUstream stream = as_pointer(args[9]);
+  if (PyErr_Occurred()) return nullptr;
+  void* params[1] = {PyBytes_AS_STRING(args[10])};  // the driver copies the block at launch
+  CUresult err = launch_in_context(fn, ctx, dims, stream, params);
+  return PyLong_FromLong(err);
+}
+
+PyObject* tensor_type = nullptr;  // torch.Tensor
+
+// set_tensor_type(torch.Tensor)
+PyObject* set_tensor_type(PyObject*, PyObject* arg) {
+  Py_XSETREF(tensor_type, Py_NewRef(arg));
+  Py_RETURN_NONE;
+}
+
+// --- plans: a repeated call, prepared once ---------------------------------------------------
+
+// How to fill one field of the argument block (kinds as signature.py's Param roles).
+enum FieldKind : int { INPUT_POINTER, OUTPUT_POINTER, BOOL_VALUE, INT_VALUE, FLOAT_VALUE, SHAPE,
+                       STRIDES, NDIM };
+
+struct Field {
+  int kind, index, offset, capacity;
+};
+
+struct Plan {
+  void* fn;
+  void* ctx;
+  unsigned dims[7];  // blocks x y z, threads x y z, shared bytes
+  std::vector<Field> fields;
+  std::vector<char> block;  // the argument block with its constant fields (grid, shared) filled
+  std::vector<PyObject*> prototypes;  // 0-d tensors of each output's dtype and device
+  // The last shape of each output and its prototype expanded to it: empty_like() on a
+  // prototype of the right shape is torch's quickest allocation (~1 us less than new_empty).
+  std::vector<PyObject*> last_shape, shaped;
+  PyObject* empty_like;   // torch.empty_like
+  PyObject* shape_type;   // torch.Size
+  PyObject* stream;       // stream(index) -> torch's current raw stream
+  PyObject* index;        // the device index, a Python int
+  PyObject* poison;       // None, or poison(tensor) for each new output
+  PyObject* failed;       // failed(CUresult): raises
+};
+
+PyObject* str_new_empty = nullptr;
+PyObject* str_expand = nullptr;
+PyObject* str_numel = nullptr;
+PyObject* str_data_ptr = nullptr;
+PyObject* str_stride = nullptr;
+PyObject* str_shape = nullptr;
+PyObject* str_dim = nullptr;
+
+void plan_free(PyObject* capsule) {
+  auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(capsule, "kernelkit.plan"));
+  for (PyObject* p : plan->prototypes) Py_DECREF(p);
+  for (PyObject* p : plan->last_shape) Py_XDECREF(p);
+  for (PyObject* p : plan->shaped) Py_XDECREF(p);
+  Py_XDECREF(plan->empty_like);
+  Py_XDECREF(plan->shape_type);
+  Py_XDECREF(plan->stream);
+  Py_XDECREF(plan->index);
+  Py_XDECREF(plan->poison);
+  Py_XDECREF(plan->failed);
+  delete plan;
+}
+
+// make_plan(fn, ctx, dims(7 ints), fields((kind, index, offset, capacity), ...), block(bytes),
+//           prototypes(tuple), shape_type, stream, index, poison, failed, empty_like) -> capsule
+PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 12 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 7 ||
+      !PyTuple_Check(args[3]) || !PyBytes_Check(args[4]) || !PyTuple_Check(args[5])) {
+    PyErr_SetString(PyExc_TypeError, "make_plan: bad arguments");
+    return nullptr;
+  }
+  auto* plan = new Plan();
+  plan->fn = as_pointer(args[0]);
+  plan->ctx = as_pointer(args[1]);
+  for (int i = 0; i < 7; ++i) plan->dims[i] = as_unsigned(PyTuple_GET_ITEM(args[2], i));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[3]); ++i) {
+    Field f{};
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(args[3], i), "iiii", &f.kind, &f.index, &f.offset,
+                          &f.capacity)) {
+      delete plan;
+      return nullptr;
+    }
+    plan->fields.push_back(f);
+  }
+  plan->block.assign(PyBytes_AS_STRING(args[4]), PyBytes_AS_STRING(args[4]) + PyBytes_GET_SIZE(args[4]));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[5]); ++i) {
+    PyObject* p = PyTuple_GET_ITEM(args[5], i);
+    Py_INCREF(p);
+    plan->prototypes.push_back(p);
+    plan->last_shape.push_back(nullptr);
+    plan->shaped.push_back(nullptr);
+  }
+  plan->empty_like = Py_NewRef(args[11]);
+  PyObject** refs[] = {&plan->shape_type, &plan->stream, &plan->index, &plan->poison, &plan->failed};
+  for (int i = 0; i < 5; ++i) {
+    Py_INCREF(args[6 + i]);
+    *refs[i] = args[6 + i];
+  }
+  if (PyErr_Occurred()) {
+    plan_free(PyCapsule_New(plan, "kernelkit.plan", nullptr));
+    return nullptr;
+  }
+  return PyCapsule_New(plan, "kernelkit.plan", plan_free);
+}
+
+// An int attribute or method result of a tensor, as int64; false with an exception set.
+bool call_int(PyObject* obj, PyObject* method, long long* out) {
+  PyObject* r = PyObject_CallMethodNoArgs(obj, method);
+  if (r == nullptr) return false;
+  *out = PyLong_AsLongLong(r);
+  Py_DECREF(r);
+  return !PyErr_Occurred();
+}
+
+// shape or stride() of a tensor into `capacity` int32 / int64 slots, zero-padded.
+template <class T>
+bool store_dims(PyObject* tensor, bool strides, int capacity, char* dst) {
+  PyObject* dims = strides ? PyObject_CallMethodNoArgs(tensor, str_stride)
+                           : PyObject_GetAttr(tensor, str_shape);
+  if (dims == nullptr) return false;
+  PyObject* seq = PySequence_Fast(dims, "shape");
+  Py_DECREF(dims);
+  if (seq == nullptr) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  for (int i = 0; i < capacity; ++i) {
+    T v = i < n ? static_cast<T>(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i))) : 0;
+    std::memcpy(dst + i * sizeof(T), &v, sizeof(T));
+  }
+  Py_DECREF(seq);
+  return !PyErr_Occurred();
+}
+
+bool fill_field(const Field& f, PyObject* inputs, PyObject* outputs, char* block) {
+  char* dst = block + f.offset;
+  long long v = 0;
+  switch (f.kind) {
+    case INPUT_POINTER:
+    case OUTPUT_POINTER: {
+      PyObject* t = PyList_GET_ITEM(outputs, f.index);
+      if (f.kind == INPUT_POINTER) t = PySequence_Fast_GET_ITEM(inputs, f.index);
+      if (!call_int(t, str_data_ptr, &v)) return false;
+      std::memcpy(dst, &v, 8);
+      return true;
+    }
+    case BOOL_VALUE: {
+      int b = PyObject_IsTrue(PySequence_Fast_GET_ITEM(inputs, f.index));
+      if (b < 0) return false;
+      *dst = static_cast<char>(b);
+      return true;
+    }
+    case INT_VALUE: {
+      long x = PyLong_AsLong(PySequence_Fast_GET_ITEM(inputs, f.index));
+      if (PyErr_Occurred()) return false;
+      if (x < INT32_MIN || x > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "a Python int input does not fit int32");
+        return false;
+      }
+      int32_t i = static_cast<int32_t>(x);
+      std::memcpy(dst, &i, 4);
+      return true;
+    }
+    case FLOAT_VALUE: {
+      float x = static_cast<float>(PyFloat_AsDouble(PySequence_Fast_GET_ITEM(inputs, f.index)));
+      if (PyErr_Occurred()) return false;
+      std::memcpy(dst, &x, 4);
+      return true;
+    }
+    case SHAPE:
+      return store_dims<int32_t>(PySequence_Fast_GET_ITEM(inputs, f.index), false, f.capacity, dst);
+    case STRIDES:
+      return store_dims<int64_t>(PySequence_Fast_GET_ITEM(inputs, f.index), true, f.capacity, dst);
+    case NDIM: {
+      if (!call_int(PySequence_Fast_GET_ITEM(inputs, f.index), str_dim, &v)) return false;
+      int32_t i = static_cast<int32_t>(v);
+      std::memcpy(dst, &i, 4);
+      return true;
+    }
+  }
+  PyErr_SetString(PyExc_SystemError, "kernelkit plan: unknown field kind");
+  return false;
+}
+
+// The plan's argument block filled from these inputs (a fast sequence) and outputs (a list).
+bool pack_block(const Plan* plan, PyObject* inputs, PyObject* outputs, std::vector<char>& block) {
+  block = plan->block;
+  for (const Field& f : plan->fields)
+    if (!fill_field(f, inputs, outputs, block.data())) return false;
+  return true;
+}
+
+// pack(plan, inputs, outputs) -> the argument block run() would launch with (for tests).
+PyObject* pack(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyList_CheckExact(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "pack expects (plan, inputs, outputs: list)");
+    return nullptr;
+  }
+  auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(args[0], "kernelkit.plan"));
+  if (plan == nullptr) return nullptr;
+  PyObject* inputs = PySequence_Fast(args[1], "inputs");
+  if (inputs == nullptr) return nullptr;
+  std::vector<char> block;
+  bool ok = pack_block(plan, inputs, args[2], block);
+  Py_DECREF(inputs);
+  return ok ? PyBytes_FromStringAndSize(block.data(), static_cast<Py_ssize_t>(block.size())) : nullptr;
+}
+
+PyObject* run_plan(Plan* plan, PyObject* inputs, PyObject* shapes);
+
+// run(plan, inputs, output_shapes) -> the outputs (a list), or None where a shape needs the
+// general path's checks (not a tuple / torch.Size, or torch rejects it).
+PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "run expects (plan, inputs, output_shapes)");
+    return nullptr;
+  }
+  auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(args[0], "kernelkit.plan"));
+  return plan ? run_plan(plan, args[1], args[2]) : nullptr;
+}
+
+PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
+  if (launch_kernel == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "kernelkit's CUDA launcher has no driver entry points");
+    return nullptr;
+  }
+  Py_ssize_t n = static_cast<Py_ssize_t>(plan->prototypes.size());
+  if (!(PyList_CheckExact(shapes) || PyTuple_CheckExact(shapes)) || PySequence_Fast_GET_SIZE(shapes) != n)
+    Py_RETURN_NONE;
+  PyObject* inputs = PySequence_Fast(inputs_arg, "inputs");
+  if (inputs == nullptr) return nullptr;
+  PyObject* outputs = PyList_New(n);
+  if (outputs == nullptr) {
+    Py_DECREF(inputs);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* shape = PySequence_Fast_GET_ITEM(shapes, i);
+    PyObject* out = nullptr;
+    if (PyTuple_CheckExact(shape) || Py_TYPE(shape) == reinterpret_cast<PyTypeObject*>(plan->shape_type)) {
+      int same = plan->last_shape[i] ? PyObject_RichCompareBool(shape, plan->last_shape[i], Py_EQ) : 0;
+      if (same < 0) goto fail;
+      if (same) {
+        out = PyObject_CallOneArg(plan->empty_like, plan->shaped[i]);
+        if (out == nullptr) goto fail;
+      } else {
+        out = PyObject_CallMethodOneArg(plan->prototypes[i], str_new_empty, shape);
+        if (out == nullptr && (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_RuntimeError)))
+          PyErr_Clear();  // negative or non-int sizes: the general path says what is wrong
+        else if (out == nullptr)
+          goto fail;
+        // A stride-0 view of 2+ elements is not dense, so empty_like gives it contiguous strides
+        // (of 0 or 1 element it would keep the view's zero strides: not worth caching).
+        long long numel = 0;
+        if (out != nullptr && !call_int(out, str_numel, &numel)) {
+          Py_DECREF(out);
+          goto fail;
+        }
+        PyObject* shaped = numel > 1 ? PyObject_CallMethodOneArg(plan->prototypes[i], str_expand, shape) : nullptr;
+        if (numel > 1 && shaped == nullptr) {
+          Py_DECREF(out);
+          goto fail;
+        }
+        if (shaped != nullptr) {
+          Py_XSETREF(plan->last_shape[i], Py_NewRef(shape));
+          Py_XSETREF(plan->shaped[i], shaped);
+        }
+      }
+    }
+    if (out == nullptr) {
+      Py_DECREF(outputs);
+      Py_DECREF(inputs);
+      Py_RETURN_NONE;
+    }
+    PyList_SET_ITEM(outputs, i, out);
+    if (plan->poison != Py_None) {
+      PyObject* r = PyObject_CallOneArg(plan->poison, out);
+      if (r == nullptr) goto fail;
+      Py_DECREF(r);
+    }
+  }
+  {
+    std::vector<char> block;
+    if (!pack_block(plan, inputs, outputs, block)) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
+      PyErr_Clear();  // a Python int beyond int32: the general path says so
+      Py_DECREF(outputs);
+      Py_DECREF(inputs);
+      Py_RETURN_NONE;
+    }
+    PyObject* stream_obj = PyObject_CallOneArg(plan->stream, plan->index);
+    if (stream_obj == nullptr) goto fail;
+    void* stream = PyLong_AsVoidPtr(stream_obj);
+    Py_DECREF(stream_obj);
+    if (PyErr_Occurred()) goto fail;
+    void* params[1] = {block.data()};
+    CUresult err = launch_in_context(plan->fn, plan->ctx, plan->dims, stream, params);
+    if (err != 0) {
+      PyObject* code = PyLong_FromLong(err);
+      PyObject* r = code ? PyObject_CallOneArg(plan->failed, code) : nullptr;
+      Py_XDECREF(code);
+      Py_XDECREF(r);
+      if (r == nullptr) goto fail;
+    }
+  }
+  Py_DECREF(inputs);
+  return outputs;
+fail:
+  Py_DECREF(outputs);
+  Py_DECREF(inputs);
+  return nullptr;
+}
+
+// --- the plan key, as kernel._plan_key computes it -------------------------------------------
+
+PyObject* str_dtype = nullptr;
+PyObject* str_device = nullptr;
+PyObject* str_is_contiguous = nullptr;
+
+// (dtype, device, dim(), is_contiguous()) of a tensor; the type of anything else.
+PyObject* fingerprint(PyObject* x) {
+  if (Py_TYPE(x) != reinterpret_cast<PyTypeObject*>(tensor_type))
+    return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(x)));
+  PyObject* fp = PyTuple_New(4);
+  if (fp == nullptr) return nullptr;
+  PyObject* items[4] = {PyObject_GetAttr(x, str_dtype), PyObject_GetAttr(x, str_device),
+                        PyObject_CallMethodNoArgs(x, str_dim),
+                        PyObject_CallMethodNoArgs(x, str_is_contiguous)};
+  for (int i = 0; i < 4; ++i) {
+    if (items[i] == nullptr) {
+      for (int j = i + 1; j < 4; ++j) Py_XDECREF(items[j]);
+      Py_DECREF(fp);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(fp, i, items[i]);
+  }
+  return fp;
+}
+
+// Template pairs as (name, value, type(name), type(value)); nullptr with no error set: no key.
+PyObject* template_key(PyObject* t) {
+  if (t == Py_None) return Py_NewRef(t);
+  if (!PyList_CheckExact(t) && !PyTuple_CheckExact(t)) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(t);
+  PyObject* key = PyTuple_New(n);
+  if (key == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* pair = PySequence_Fast(PySequence_Fast_GET_ITEM(t, i), "template");
+    if (pair == nullptr) {
+      PyErr_Clear();
+      Py_DECREF(key);
+      return nullptr;
+    }
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(pair);
+    PyObject* item = PyTuple_New(2 * m);
+    if (item == nullptr) {
+      Py_DECREF(pair);
+      Py_DECREF(key);
+      return nullptr;
+    }
+    for (Py_ssize_t j = 0; j < m; ++j) {
+      PyObject* v = PySequence_Fast_GET_ITEM(pair, j);
+      PyTuple_SET_ITEM(item, j, Py_NewRef(v));
+      PyTuple_SET_ITEM(item, m + j, Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(v))));
+    }
+    Py_DECREF(pair);
+    PyTuple_SET_ITEM(key, i, item);
+  }
+  return key;
+}
+
+// The key of kernel._plan_key(inputs, output_dtypes, grid, threadgroup, template); nullptr with
+// no error set where the arguments give none (the general path then checks them).
+PyObject* plan_key(PyObject* inputs, PyObject* dtypes, PyObject* grid, PyObject* group,
+                   PyObject* templ) {
+  if (!(PyList_CheckExact(inputs) || PyTuple_CheckExact(inputs)) ||
+      !(PyList_CheckExact(dtypes) || PyTuple_CheckExact(dtypes)))
+    return nullptr;
+  PyObject* tkey = template_key(templ);
+  if (tkey == nullptr) return nullptr;
+  Py_ssize_t n_in = PySequence_Fast_GET_SIZE(inputs), n_out = PySequence_Fast_GET_SIZE(dtypes);
+  PyObject* key = PyTuple_New(4 + n_in + n_out);
+  PyObject* count = PyLong_FromSsize_t(n_in);
+  if (key == nullptr || count == nullptr) {
+    Py_XDECREF(key);
+    Py_XDECREF(count);
+    Py_DECREF(tkey);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(key, 0, Py_NewRef(grid));
+  PyTuple_SET_ITEM(key, 1, Py_NewRef(group));
+  PyTuple_SET_ITEM(key, 2, tkey);
+  PyTuple_SET_ITEM(key, 3, count);
+  for (Py_ssize_t i = 0; i < n_in; ++i) {
+    PyObject* fp = fingerprint(PySequence_Fast_GET_ITEM(inputs, i));
+    if (fp == nullptr) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(key, 4 + i, fp);
+  }
+  for (Py_ssize_t i = 0; i < n_out; ++i)
+    PyTuple_SET_ITEM(key, 4 + n_in + i, Py_NewRef(PySequence_Fast_GET_ITEM(dtypes, i)));
+  return key;
+}
+
+// key(inputs, output_dtypes, grid, threadgroup, template) -> the plan key or None (for tests).
+PyObject* key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "key expects 5 arguments");
+    return nullptr;
+  }
+  PyObject* k = plan_key(args[0], args[1], args[2], args[3], args[4]);
+  if (k == nullptr && PyErr_Occurred()) return nullptr;
+  return k ? k : Py_NewRef(Py_None);
+}
+
+// call(plans, inputs, output_shapes, output_dtypes, grid, threadgroup, template) -> the outputs
+// (a list) when `plans` has a plan for these arguments and it ran; else the key to store the
+// general path's plan under, or None where the arguments give no key.
+PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7 || !PyDict_CheckExact(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "call expects (plans: dict, inputs, output_shapes, "
+                                     "output_dtypes, grid, threadgroup, template)");
+    return nullptr;
+  }
+  PyObject* k = plan_key(args[1], args[3], args[4], args[5], args[6]);
+  if (k == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  PyObject* plan = PyDict_GetItemWithError(args[0], k);  // borrowed
+  if (plan == nullptr) {
+    if (!PyErr_Occurred()) return k;
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+      Py_DECREF(k);
+      return nullptr;
+    }
+    PyErr_Clear();  // unhashable (a list grid): no key
+    Py_DECREF(k);
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(plan);
+  PyObject* out;
+  if (PyCapsule_CheckExact(plan)) {
+    auto* p = static_cast<Plan*>(PyCapsule_GetPointer(plan, "kernelkit.plan"));
+    out = p ? run_plan(p, args[1], args[2]) : nullptr;
+  } else {
+    out = PyObject_CallFunctionObjArgs(plan, args[1], args[2], nullptr);
+  }
+  Py_DECREF(plan);
+  if (out == Py_None) {
+    Py_DECREF(out);
+    return k;
+  }
+  Py_DECREF(k);
+  return out;
+}
+
+PyMethodDef methods[] = {
+    {"set_tensor_type", set_tensor_type, METH_O, "Set torch.Tensor (inputs of exactly this type are keyed)."},
+    {"key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(key)), METH_FASTCALL,
+     "The plan key of a call's arguments, or None."},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
+     "Run the plan of a repeated call; else return its key (or None)."},
+    {"set_driver", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_driver)),
+     METH_FASTCALL, "Set the driver entry points (addresses from cuGetProcAddress)."},
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch)), METH_FASTCALL,
+     "Launch a kernel with its packed argument block; returns the CUresult."},
+    {"make_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_plan)),
+     METH_FASTCALL, "Prepare a repeated call (see run)."},
+    {"pack", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pack)), METH_FASTCALL,
+     "The argument block a prepared call would launch with."},
+    {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)), METH_FASTCALL,
+     "Allocate the outputs, pack and launch a prepared call; None: take the general path."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastcall", nullptr, -1, methods};
+
+}  // namespace
+
+extern "C" PyMODINIT_FUNC PyInit__fastcall() {
+  str_dtype = PyUnicode_InternFromString("dtype");
+  str_device = PyUnicode_InternFromString("device");
+  str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+  str_new_empty = PyUnicode_InternFromString("new_empty");
+  str_expand = PyUnicode_InternFromString("expand");
+  str_numel = PyUnicode_InternFromString("numel");
+  str_data_ptr = PyUnicode_InternFromString("data_ptr");
+  str_stride = PyUnicode_InternFromString("stride");
+  str_shape = PyUnicode_InternFromString("shape");
+  str_dim = PyUnicode_InternFromString("dim");
+  return PyModule_Create(&module);
+}

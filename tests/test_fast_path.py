@@ -1,0 +1,236 @@
+"""The fast call path: a plain call like an earlier one reuses that call's plan, and gives the
+same results and the same errors as the general path."""
+
+import numpy as np
+import pytest
+import torch
+
+import kernelkit as kk
+from kernelkit import fastcall, kernel
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fastcall_built():
+    """Plans wait for the extension (built in the background on first use): have it now."""
+    fastcall.module()
+
+ADD = "uint i = thread_position_in_grid.x; out[i] = static_cast<T>(inp[i] * s + b);"
+
+
+def _kernel():
+    return kk.metal_kernel(name="fast_add", input_names=["inp", "s", "b"], output_names=["out"],
+                           source=ADD)
+
+
+def _call(k, x, s=2.0, b=1, shape=None, dtype=torch.float32, **kw):
+    n = x.size if isinstance(x, np.ndarray) else x.numel()
+    return k(inputs=[x, s, b], grid=(n, 1, 1), threadgroup=(32, 1, 1),
+             output_shapes=[shape if shape is not None else (n,)], output_dtypes=[dtype],
+             template=[("T", dtype)], **kw)[0]
+
+
+def test_repeated_calls_take_the_fast_path_with_fresh_data(device):
+    k = _kernel()
+    for n in (100, 100, 100, 37):
+        x = torch.randn(n, device=device)
+        s = float(torch.randn(()).item())
+        out = _call(k, x, s=s, b=3)
+        torch.testing.assert_close(out, x * s + 3, rtol=1e-6, atol=1e-6)
+    assert len(k._plans) == 2  # one plan per grid
+
+
+def test_repeated_output_shapes_are_fresh_contiguous_tensors(device):
+    k = _kernel()
+    for shape in [(4, 8), (4, 8), (2, 16), (4, 8), (32,), (1, 32)]:
+        x = torch.randn(32, device=device)
+        out = _call(k, x, shape=shape)
+        assert out.shape == shape and out.stride() == torch.empty(shape).stride()
+        torch.testing.assert_close(out.reshape(-1), x * 2 + 1)
+    kept = [_call(k, torch.full((32,), float(i), device=device), shape=(4, 8)) for i in range(3)]
+    assert len({o.data_ptr() for o in kept}) == 3  # outputs kept alive are distinct
+    for i, o in enumerate(kept):
+        assert o.eq(2 * i + 1).all()
+
+
+def test_plans_are_per_dtype_template_and_contiguity(device):
+    k = _kernel()
+    x = torch.randn(64, device=device)
+    for dtype in (torch.float32, torch.float16, torch.float32):
+        out = _call(k, x, dtype=dtype)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, (x * 2 + 1).to(dtype), rtol=1e-3, atol=1e-3)
+    strided = torch.randn(128, device=device)[::2]
+    for _ in range(2):  # not contiguous: copied every time, never a plan that skips the copy
+        torch.testing.assert_close(_call(k, strided), strided * 2 + 1)
+    assert len(k._plans) == 2
+
+
+def test_template_values_one_and_true_are_different_plans(device):
+    k = kk.metal_kernel(name="fast_flag", input_names=["inp"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i] + F;")
+    x = torch.zeros(8, device=device)
+    kw = dict(grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
+              output_dtypes=[torch.float32])
+    for value, expected in ((2, 2.0), (True, 1.0), (2, 2.0), (True, 1.0)):
+        assert k(inputs=[x], template=[("F", value)], **kw)[0].eq(expected).all()
+
+
+@pytest.mark.parametrize("shape,error", [((-1,), ValueError), ((2.5,), ValueError), ([8], None),
+                                         (8, ValueError)])
+def test_output_shapes_after_a_plan_are_checked_as_before(device, shape, error):
+    k = _kernel()
+    x = torch.randn(8, device=device)
+    _call(k, x)
+    if error is None:
+        torch.testing.assert_close(_call(k, x, shape=shape), x * 2 + 1)
+    else:
+        with pytest.raises(error, match="output_shapes"):
+            _call(k, x, shape=shape)
+
+
+def test_wrong_counts_and_types_after_a_plan_raise(device):
+    k = _kernel()
+    x = torch.randn(8, device=device)
+    _call(k, x)
+    base = dict(grid=(8, 1, 1), threadgroup=(32, 1, 1), template=[("T", torch.float32)])
+    with pytest.raises(ValueError, match="inputs"):
+        k(inputs=[x, 2.0], output_shapes=[(8,)], output_dtypes=[torch.float32], **base)
+    with pytest.raises(ValueError, match="output_shapes"):
+        k(inputs=[x, 2.0, 1], output_shapes=[(8,), (8,)], output_dtypes=[torch.float32], **base)
+    with pytest.raises(TypeError, match="inp"):
+        k(inputs=[[1.0] * 8, 2.0, 1], output_shapes=[(8,)], output_dtypes=[torch.float32], **base)
+
+
+def test_numpy_inputs_never_use_a_tensor_plan(device):
+    if device.type != "cpu":
+        pytest.skip("NumPy arrays live on the CPU")
+    k = _kernel()
+    x = np.random.rand(16).astype(np.float32)
+    for _ in range(2):
+        out = _call(k, x)
+        assert isinstance(out, np.ndarray)
+        np.testing.assert_allclose(out, x * 2 + 1, rtol=1e-6)
+    assert not k._plans
+
+
+def test_poisoned_outputs_on_the_fast_path_show_unwritten_elements(device):
+    k = kk.metal_kernel(name="fast_half", input_names=["inp"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i];")
+    x = torch.randn(16, device=device)
+    for _ in range(2):  # the second call runs on the plan
+        out = k(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(16,)],
+                output_dtypes=[torch.float32])[0]
+        assert torch.equal(out[:8], x[:8]) and out[8:].isnan().all()
+
+
+def test_the_compiled_cuda_launcher_builds_here():
+    """CI has no GPU, but proves the launcher extension compiles and loads."""
+    module = fastcall.module()
+    assert not isinstance(module, str), module
+    if not torch.cuda.is_available():  # no driver entry points set: an error, not a crash
+        with pytest.raises(RuntimeError, match="driver entry points"):
+            module.launch(0, 0, 1, 1, 1, 1, 1, 1, 0, 0, b"\0" * 8)
+    with pytest.raises(TypeError):
+        module.launch(0, 0)
+
+
+@pytest.mark.parametrize("uses", [set(), {"a_shape", "a_strides", "a_ndim", "b_ndim"}])
+def test_the_compiled_launcher_packs_as_the_python_packer(uses):
+    """fastcall.cpp fills the argument block from signature.fill_table(); it must give the
+    bytes signature.packer() gives, for pointers, Python scalars, shapes, strides and ndim."""
+    from kernelkit.arrays import dtype_of
+    from kernelkit.signature import InputSpec, Signature
+
+    module = fastcall.module()
+    assert not isinstance(module, str), module
+    f32, i32, f16, b = (dtype_of(n) for n in ("float32", "int32", "float16", "bool"))
+    sig = Signature([("a", InputSpec(f16, False, False, 8)), ("s", InputSpec(f32, True, True, 0)),
+                     ("b", InputSpec(f32, False, False, 8)), ("n", InputSpec(i32, True, True, 0)),
+                     ("flag", InputSpec(b, True, True, 0))],
+                    [("out", f32), ("idx", i32)], False, [], uses | {"thread_position_in_grid"})
+    a = torch.randn(3, 4, 5).to(torch.float16).transpose(0, 2)
+    inputs = [a, float(torch.randn(()).item()), torch.randn(7), -123456, True]
+    outputs = [torch.empty(5), torch.empty(2, dtype=torch.int32)]
+    tail = (1000, 3, 2, 4096)
+    plan = module.make_plan(0, 0, (1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block(tail),
+                            (torch.empty(()), torch.empty((), dtype=torch.int32)), torch.Size,
+                            lambda i: 0, 0, None, lambda err: None, torch.empty_like)
+    assert module.pack(plan, inputs, outputs) == sig.packer()(inputs, outputs, tail)
+    with pytest.raises(OverflowError, match="int32"):
+        module.pack(plan, [a, 1.0, inputs[2], 2**40, True], outputs)
+
+
+def test_inputs_and_output_dtypes_do_not_trade_places(device):
+    """A Python float input and an output dtype given as `float` must not share a plan."""
+    k1 = kk.metal_kernel(name="fast_boundary", input_names=["inp", "s"], output_names=["out"],
+                         source="uint i = thread_position_in_grid.x; out[i] = inp[i] * s;")
+    x = torch.randn(8, device=device)
+    kw = dict(grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)])
+    for _ in range(2):
+        torch.testing.assert_close(k1(inputs=[x, 3.0], output_dtypes=[torch.float32], **kw)[0], x * 3)
+    with pytest.raises(ValueError, match="inputs"):
+        k1(inputs=[x], output_dtypes=[float, torch.float32], **kw)
+
+
+def test_python_ints_beyond_int32_are_refused(device):
+    k = kk.metal_kernel(name="fast_int", input_names=["inp", "n"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i] + n;")
+    x = torch.zeros(4, device=device)
+    kw = dict(grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)], output_dtypes=[torch.float32])
+    for _ in range(2):
+        assert k(inputs=[x, 2**31 - 1], **kw)[0].eq(2.0**31).all()
+        with pytest.raises(OverflowError, match="'n' = 2147483648 does not fit int32"):
+            k(inputs=[x, 2**31], **kw)
+
+
+def test_the_compiled_plan_key_is_the_python_one():
+    module = fastcall.module()
+    assert not isinstance(module, str), module
+    x, h = torch.randn(2, 3), torch.randn(4, 4).half().t()
+    cases = [
+        ([x, 1.0, 2, True], [torch.float32], (8, 1, 1), (8, 1, 1), None),
+        ((h, x[0]), ("float16", np.float32), (8, 2, 1), (4, 2, 1), [("T", torch.float16), ["n", 1]]),
+        ([x], [torch.float32], (8, 1, 1), (8, 1, 1), (("b", True),)),
+        ([torch.nn.Parameter(x), np.ones(3)], [torch.float32], (1, 1, 1), (1, 1, 1), None),
+        ([x], [torch.float32], [8, 1, 1], (8, 1, 1), None),  # a list grid: no key
+        ([x], [torch.float32], (8, 1, 1), (8, 1, 1), {"T": 1}),  # a dict template: no key
+        ([x], [torch.float32], (8, 1, 1), (8, 1, 1), [("T", [1])]),  # unhashable value: no key
+        ([x], [torch.float32], (8, 1, 1), (8, 1, 1), [5]),  # a pair that is no sequence: no key
+        (x, [torch.float32], (8, 1, 1), (8, 1, 1), None),  # inputs no list: no key
+    ]
+    for args in cases:
+        expected = kernel._plan_key(*args)
+        got = module.key(*args)
+        if got is not None:
+            try:
+                hash(got)
+            except TypeError:
+                got = None
+        assert got == expected, args
+
+
+@pytest.mark.parametrize("shape", [(32,), (2, 3), (4, 1, 5), (2, 3, 4, 5), (2, 1, 3, 4, 5), (1, 2) * 4])
+def test_empty_like_of_an_expanded_prototype_is_contiguous(shape):
+    """fastcall.cpp allocates a repeated shape of 2+ elements as empty_like(0-d prototype
+    expanded to it)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        out = torch.empty_like(torch.empty((), dtype=dtype).expand(shape))
+        assert out.shape == shape and out.is_contiguous() and out.dtype == dtype
+        assert out.stride() == torch.empty(shape).stride()
+
+
+def test_without_the_extension_plans_run_in_python(device, monkeypatch):
+    """No C++ compiler or Python headers: the same key and plans, computed in Python."""
+    monkeypatch.setattr(fastcall, "_result", "no compiler (simulated)")
+    monkeypatch.setattr(kernel, "_fast_call", kernel._python_call)
+    if device.type == "cuda":
+        from kernelkit.backends import cuda
+        monkeypatch.setattr(cuda, "_launcher", "no compiler (simulated)")
+    k = _kernel()
+    for n in (64, 64, 64):
+        x = torch.randn(n, device=device)
+        torch.testing.assert_close(_call(k, x, shape=(2, n // 2)), (x * 2 + 1).view(2, n // 2))
+    (plan,) = k._plans.values()
+    assert isinstance(plan.__self__, kernel._Plan)
+    with pytest.raises(ValueError, match="output_shapes"):
+        _call(k, x, shape=(-1,))
