@@ -1145,3 +1145,14 @@ struct Pixel {
             output_dtypes=[torch.float32])[0]
     v = x.cpu().view(4, 4)
     assert torch.equal(out.cpu(), (v[:, :2] + v[:, 2:]).reshape(-1))
+
+
+def test_a_macro_continued_over_lines_is_one_directive():
+    """Found by test_front_end_matches_the_grammar: a backslash-newline inside a #define ended
+    the directive, so `constant` on the continued line was lowered as code and read a later
+    `constexpr` declaration as its own."""
+    body = ("#define M0(v) threadgroup float tile_[16]; \\\n    ((constant float*)(v))[0]\n"
+            "    constant constexpr float k0 = 1;\n")
+    _, lowered = metal.front_end("", body)
+    assert "((const float*)(v))[0]" in lowered
+    assert lowered.count("\n") == body.count("\n")  # lines stay where they were

@@ -14,7 +14,7 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<comment>//[^\n]*|/\*.*?\*/)
   | (?P<string>[uUL]?8?R"(?P<delim>[^(\s]*)\(.*?\)(?P=delim)"|[uUL]?8?"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
-  | (?P<pp>\#[^\n]*(?:\\\n[^\n]*)*)
+  | (?P<pp>\#(?:\\.|[^\\\n])*)  # continuation lines (backslash-newline) included
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<number>\.?[0-9](?:[eEpP][+-]|[A-Za-z0-9_.'])*)
   | (?P<punct>::|->|\[\[|\]\]|<<=|>>=|[-+*/%&|^!=<>]=|&&|\|\||\+\+|--|<<|>>|.)
