@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernelkit
-from kernelkit.benchmarks import Progress, have_matplotlib
+from kernelkit.benchmarks import Progress, _ms, have_matplotlib
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 RECORDED = [RESULTS / "h100", RESULTS / "cpu-x86_64-2core"]
@@ -122,8 +122,8 @@ def test_bench_quick_writes_json_markdown_and_charts(cache_dir, tmp_path):
     assert r.stdout.count("## The CPU backend") == 2
     assert "| forward | 0.259 ms | 0.254 ms | 1.02× | ≤ 1.05× |" in r.stdout  # h100/grid_sample.json
     cpu = json.loads((RESULTS / "cpu-x86_64-2core" / "cpu.json").read_text())["exp"]
-    assert (f"| exp, 64M float32 (plain loops) | {cpu['kernelkit_ms']:.0f} ms | "
-            f"{cpu['torch_ms']:.0f} ms (`torch.exp`)") in r.stdout
+    assert (f"| exp, 64M float32 (plain loops) | {_ms(cpu['kernelkit_ms'])} | "
+            f"{_ms(cpu['torch_ms'])} (`torch.exp`)") in r.stdout
 
 
 def test_progress_bar_only_on_a_terminal():

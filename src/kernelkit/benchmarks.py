@@ -797,7 +797,8 @@ def load(paths) -> list[tuple[dict, str]]:
     """(result, file) for each JSON file given, or each *.json in a directory given."""
     out = []
     for p in map(Path, paths):
-        files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+        files = sorted(p.glob("*.json"), key=lambda f: (KINDS.index(f.stem) if f.stem in KINDS
+                                                        else len(KINDS), f.name)) if p.is_dir() else [p]
         for f in files:
             data = json.loads(f.read_text())
             for r in data if isinstance(data, list) else [data]:

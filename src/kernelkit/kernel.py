@@ -64,6 +64,7 @@ class Kernel:
         self._variants: dict[tuple, Variant] = {}
         self._checked: dict[tuple, object] = {}  # call arguments already validated
         self._plans: dict[tuple, object] = {}  # plain calls already made: run(inputs, shapes)
+        self._seen: set[tuple] = set()  # keys of plain calls made once
 
     # --- construction checks ----------------------------------------------------------------
 
@@ -161,8 +162,9 @@ class Kernel:
         else:
             launch(variant.pack(tensors, outputs, tail))
         # A call the fast path can repeat: arrays used as given, only torch tensors and scalars.
-        # Plans wait for fastcall's extension (built in the background on first use).
-        if plan_key is not None and _fast_call_ready() and all(
+        # A plan is made when such a call comes again (a call made once costs nothing more), and
+        # waits for fastcall's extension (built in the background on first use).
+        if plan_key is not None and self._repeated(plan_key) and _fast_call_ready() and all(
                 t is x and (type(x) is torch.Tensor or arrays.is_scalar(x))
                 for t, x in zip(tensors, inputs)):
             prototypes = tuple(torch.empty((), dtype=d.torch, device=device) for d in out_dtypes)
@@ -173,6 +175,13 @@ class Kernel:
         if numpy_in:
             return [arrays.to_numpy(o) for o in outputs]
         return outputs
+
+    def _repeated(self, plan_key) -> bool:
+        """Whether a plain call with this key came before."""
+        if plan_key in self._seen:
+            return True
+        self._seen.add(plan_key)
+        return False
 
     def _template(self, template) -> tuple:
         def check():
