@@ -43,6 +43,11 @@ def module(block: bool = True):
     return _result
 
 
+def peek():
+    """The module, or why there is none, if known by now; None otherwise. Starts nothing."""
+    return _result
+
+
 def _build() -> None:
     global _result
     try:

@@ -253,13 +253,14 @@ def _launch_failed(err: int, device: Device, name: str) -> None:
 _launcher = None  # fastcall's module with the driver's entry points set, or why there is none
 
 
-def compiled_launcher(block: bool = False):
+def compiled_launcher():
     """fastcall's module ready to launch, a line saying why there is none, or None while it is
-    being built (block=False): launches go through cuda-bindings meanwhile."""
+    not built (kernel.py starts its build when a call repeats): launches go through
+    cuda-bindings meanwhile."""
     global _launcher
     if _launcher is None:
         from .. import fastcall
-        module = fastcall.module(block)
+        module = fastcall.peek()
         if module is None or isinstance(module, str):
             return module
         driver = _driver()
