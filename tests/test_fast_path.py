@@ -245,3 +245,24 @@ def test_without_the_extension_plans_run_in_python(device, monkeypatch):
     assert isinstance(plan.__self__, kernel._Plan)
     with pytest.raises(ValueError, match="output_shapes"):
         _call(k, x, shape=(-1,))
+
+
+def test_a_plan_refuses_too_few_inputs_or_outputs():
+    """The C plan reads inputs and outputs by index: short sequences are an error, not a crash."""
+    from kernelkit.arrays import dtype_of
+    from kernelkit.signature import InputSpec, Signature
+
+    module = fastcall.module()
+    f32 = dtype_of("float32")
+    sig = Signature([("a", InputSpec(f32, False, False, 8)), ("b", InputSpec(f32, False, False, 8))],
+                    [("out", f32)], False, [], {"thread_position_in_grid"})
+    args = ((1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block((1, 1, 1, 0)))
+    plan = module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, None,
+                            lambda err: None, torch.empty_like)
+    with pytest.raises(ValueError, match="fewer inputs or outputs"):
+        module.pack(plan, [torch.empty(2)], [torch.empty(2)])
+    with pytest.raises(ValueError, match="fewer inputs or outputs"):
+        module.pack(plan, [torch.empty(2), torch.empty(2)], [])
+    with pytest.raises(ValueError, match="more output fields than prototypes"):
+        module.make_plan(0, 0, *args, (), torch.Size, lambda i: 0, 0, None, lambda err: None,
+                         torch.empty_like)

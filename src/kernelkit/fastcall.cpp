@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -128,6 +129,7 @@ struct Plan {
   PyObject* index;        // the device index, a Python int
   PyObject* poison;       // None, or poison(tensor) for each new output
   PyObject* failed;       // failed(CUresult): raises
+  Py_ssize_t n_inputs = 0, n_outputs = 0;  // the sequences' least lengths the fields read
 };
 
 PyObject* str_new_empty = nullptr;
@@ -138,8 +140,7 @@ PyObject* str_stride = nullptr;
 PyObject* str_shape = nullptr;
 PyObject* str_dim = nullptr;
 
-void plan_free(PyObject* capsule) {
-  auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(capsule, "kernelkit.plan"));
+void destroy(Plan* plan) {
   for (PyObject* p : plan->prototypes) Py_DECREF(p);
   for (PyObject* p : plan->last_shape) Py_XDECREF(p);
   for (PyObject* p : plan->shaped) Py_XDECREF(p);
@@ -150,6 +151,10 @@ void plan_free(PyObject* capsule) {
   Py_XDECREF(plan->poison);
   Py_XDECREF(plan->failed);
   delete plan;
+}
+
+void plan_free(PyObject* capsule) {
+  destroy(static_cast<Plan*>(PyCapsule_GetPointer(capsule, "kernelkit.plan")));
 }
 
 // make_plan(fn, ctx, dims(7 ints), fields((kind, index, offset, capacity), ...), block(bytes),
@@ -187,11 +192,18 @@ PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_INCREF(args[6 + i]);
     *refs[i] = args[6 + i];
   }
-  if (PyErr_Occurred()) {
-    plan_free(PyCapsule_New(plan, "kernelkit.plan", nullptr));
+  for (const Field& f : plan->fields) {  // run() and pack() check their sequences against these
+    Py_ssize_t& n = f.kind == OUTPUT_POINTER ? plan->n_outputs : plan->n_inputs;
+    n = std::max(n, Py_ssize_t(f.index) + 1);
+  }
+  if (PyErr_Occurred() || plan->n_outputs > Py_ssize_t(plan->prototypes.size())) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "make_plan: more output fields than prototypes");
+    destroy(plan);
     return nullptr;
   }
-  return PyCapsule_New(plan, "kernelkit.plan", plan_free);
+  PyObject* capsule = PyCapsule_New(plan, "kernelkit.plan", plan_free);
+  if (capsule == nullptr) destroy(plan);
+  return capsule;
 }
 
 // An int attribute or method result of a tensor, as int64; false with an exception set.
@@ -227,8 +239,8 @@ bool fill_field(const Field& f, PyObject* inputs, PyObject* outputs, char* block
   switch (f.kind) {
     case INPUT_POINTER:
     case OUTPUT_POINTER: {
-      PyObject* t = PyList_GET_ITEM(outputs, f.index);
-      if (f.kind == INPUT_POINTER) t = PySequence_Fast_GET_ITEM(inputs, f.index);
+      PyObject* t = f.kind == INPUT_POINTER ? PySequence_Fast_GET_ITEM(inputs, f.index)
+                                            : PyList_GET_ITEM(outputs, f.index);
       if (!call_int(t, str_data_ptr, &v)) return false;
       std::memcpy(dst, &v, 8);
       return true;
@@ -273,6 +285,10 @@ bool fill_field(const Field& f, PyObject* inputs, PyObject* outputs, char* block
 
 // The plan's argument block filled from these inputs (a fast sequence) and outputs (a list).
 bool pack_block(const Plan* plan, PyObject* inputs, PyObject* outputs, std::vector<char>& block) {
+  if (PySequence_Fast_GET_SIZE(inputs) < plan->n_inputs || PyList_GET_SIZE(outputs) < plan->n_outputs) {
+    PyErr_SetString(PyExc_ValueError, "kernelkit plan: fewer inputs or outputs than the kernel's");
+    return false;
+  }
   block = plan->block;
   for (const Field& f : plan->fields)
     if (!fill_field(f, inputs, outputs, block.data())) return false;
@@ -327,12 +343,15 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
     PyObject* shape = PySequence_Fast_GET_ITEM(shapes, i);
     PyObject* out = nullptr;
     if (PyTuple_CheckExact(shape) || Py_TYPE(shape) == reinterpret_cast<PyTypeObject*>(plan->shape_type)) {
-      int same = plan->last_shape[i] ? PyObject_RichCompareBool(shape, plan->last_shape[i], Py_EQ) : 0;
-      if (same < 0) goto fail;
-      if (same) {
-        out = PyObject_CallOneArg(plan->empty_like, plan->shaped[i]);
-        if (out == nullptr) goto fail;
-      } else {
+      // Strong references: torch releases the GIL, and another thread's call may replace them.
+      PyObject* last = Py_XNewRef(plan->last_shape[i]);
+      PyObject* cached = Py_XNewRef(plan->shaped[i]);
+      int same = last ? PyObject_RichCompareBool(shape, last, Py_EQ) : 0;
+      if (same > 0) out = PyObject_CallOneArg(plan->empty_like, cached);
+      Py_XDECREF(last);
+      Py_XDECREF(cached);
+      if (same < 0 || (same > 0 && out == nullptr)) goto fail;
+      if (!same) {
         out = PyObject_CallMethodOneArg(plan->prototypes[i], str_new_empty, shape);
         if (out == nullptr && (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_RuntimeError)))
           PyErr_Clear();  // negative or non-int sizes: the general path says what is wrong
