@@ -1,8 +1,9 @@
 """Backends: where a generated kernel is compiled, loaded and launched.
 
-Each backend is one small module behind the same four calls: `target` (the
-entry the code generator renders), `check_dispatch`, `build(source) -> program`
-(through the shared compile cache) and `launch`.
+Each backend is one small module behind the same calls: `target` (the entry
+the code generator renders), `check_dispatch`, `build(source) -> program`
+(through the shared compile cache), `launcher(...) -> launch(block)` and
+`compiled_plan(...)` (a repeated call's plan in C, or None: kernel.py's plans).
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ import torch
 
 
 _LOADED = {}
+
+
+def groups_per_grid(grid, group) -> tuple[int, int, int]:
+    """Threadgroups (CUDA blocks) that cover a grid of threads, per dimension."""
+    return tuple(-(-n // g) for n, g in zip(grid, group))
 
 
 def get_backend(device: torch.device):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..cache import CACHE, key_of
 from ..errors import CompileError, KernelLaunchError
+from . import groups_per_grid
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 RUNTIME_SOURCE = INCLUDE / "kernelkit" / "cpu_runtime.cpp"
@@ -134,7 +135,7 @@ class CpuBackend:
 
     def launcher(self, program, device, grid, group, shared: int, stream, name: str):
         """launch(block): runs the program over this dispatch with a packed argument block."""
-        groups = tuple(-(-n // g) for n, g in zip(grid, group))
+        groups = groups_per_grid(grid, group)
         desc = _LaunchDesc((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*group),
                            (ctypes.c_uint * 3)(*groups), program.uses_sync, name.encode())
         desc_ref, run = ctypes.byref(desc), program.launch

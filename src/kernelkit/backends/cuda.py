@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CompileError, GPUFault, KernelLaunchError
+from . import groups_per_grid
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 # "fast" is --use_fast_math less its rewriting of the C math functions into intrinsics: the
@@ -284,7 +285,7 @@ class CudaBackend:
         if threads > dev.max_threads or any(g > m for g, m in zip(group, dev.max_block)):
             raise ValueError(f"[{caller}] threadgroup {group} exceeds the device's limits: at most "
                              f"{dev.max_threads} threads, {dev.max_block} per dimension.")
-        blocks = tuple(-(-n // g) for n, g in zip(grid, group))
+        blocks = groups_per_grid(grid, group)
         if any(b > m for b, m in zip(blocks, dev.max_grid)):
             raise ValueError(f"[{caller}] grid {grid} with threadgroup {group} needs {blocks} "
                              f"threadgroups; the device allows at most {dev.max_grid}.")
@@ -317,7 +318,7 @@ class CudaBackend:
         if shared > program.shared_limit:
             dev.set_max_dynamic_shared(func, shared)
             program.shared_limit = shared
-        blocks = tuple((n + g - 1) // g for n, g in zip(grid, group))
+        blocks = groups_per_grid(grid, group)
         fixed = stream.cuda_stream if hasattr(stream, "cuda_stream") else None
         index, current_stream = dev.index, _current_stream
         fast = compiled_launcher()
@@ -354,7 +355,7 @@ class CudaBackend:
         if module is None or isinstance(module, str):
             return None
         dev = program.device
-        blocks = tuple((n + g - 1) // g for n, g in zip(grid, group))
+        blocks = groups_per_grid(grid, group)
         plan = module.make_plan(
             int(program.func), dev._context_int, (*blocks, *group, shared), signature.fill_table(),
             signature.constant_block((*grid, shared)), prototypes, torch.Size,
