@@ -103,3 +103,14 @@ def test_gpu_fault_is_a_clear_error():
                        env=env)
     assert "kernelkit: GPUFault" in r.stdout, r.stdout + r.stderr
     assert "CUDA context of this process is lost" in r.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_profilers_list_the_kernel_by_its_name():
+    a = torch.randn(1000, device="cuda")
+    k = _kernel()
+    _call(k, a)  # compiled and loaded outside the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _call(k, a)
+        torch.cuda.synchronize()
+    assert "kk_twice_plus_one" in {e.name for e in prof.events()}

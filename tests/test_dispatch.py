@@ -115,3 +115,17 @@ def test_init_value_fills_outputs(device):
                    output_dtypes=[torch.int32, torch.float32], init_value=7, stream=device)
     assert out.tolist() == [5, 7, 7]
     assert other.tolist() == [[7.0, 7.0], [7.0, 7.0]]
+
+
+def test_init_value_per_output(device):
+    """A list gives each output its value; None leaves that output as allocated."""
+    body = "if (thread_position_in_grid.x == 0) { out[0] = 5; other[0] = 1; }"
+    k = kk.metal_kernel(name="init_each", input_names=[], output_names=["out", "other"], source=body)
+    out, other = k(inputs=[], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(3,), (2,)],
+                   output_dtypes=[torch.int32, torch.float32], init_value=[-2, None], stream=device)
+    assert out.tolist() == [5, -2, -2] and other[0] == 1
+    for bad in ["zero", [0], [0, "x"]]:
+        with pytest.raises(TypeError, match=r"init_value must be a number, or a list of a number or "
+                                            r"None for each of the 2 outputs \['out', 'other'\]"):
+            k(inputs=[], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(3,), (2,)],
+              output_dtypes=[torch.int32, torch.float32], init_value=bad, stream=device)

@@ -47,8 +47,8 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
     out.append(f"KK_FN void kk_call(const kk_args& a, const kk_thread_ctx& t) {{\n"
                f"  {prologue}{dialect.call_target(fn, sig)}({args});\n}}")
     out.append(f"}}  // namespace {ns}")
-    entry = debug.entry(target, ns) if debug is not None else None
-    out.append(entry or _ENTRY[target].format(ns=ns))
+    entry = debug.entry(target, ns, entry_name(name)) if debug is not None else None
+    out.append(entry or _ENTRY[target].format(ns=ns, entry=entry_name(name)))
     return "\n".join(out) + "\n"
 
 
@@ -74,8 +74,13 @@ def _argument_block(sig: Signature, type_name) -> str:
     return "\n".join(lines)
 
 
+def entry_name(name: str) -> str:
+    """The GPU entry's symbol: profilers (Nsight, nvprof) list kernels by it."""
+    return f"kk_{name}"
+
+
 _ENTRY = {
-    "cuda": """extern "C" __global__ void kk_entry(const {ns}::kk_args a) {{
+    "cuda": """extern "C" __global__ void {entry}(const {ns}::kk_args a) {{
   kk_thread_ctx t;
   if (!kk::cuda_thread_ctx(a.kk_grid, t)) return;
   {ns}::kk_call(a, t);

@@ -113,12 +113,12 @@ class Plan:
         """First statement of kk_call: the CPU binds per thread (the GPU in its entry)."""
         return "kk_dbg_bind(a, &t); " if target == "cpu" else ""
 
-    def entry(self, target: str, ns: str) -> str | None:
+    def entry(self, target: str, ns: str, name: str) -> str | None:
         """The GPU's entry: the block binds the state (all its threads, then a barrier) before
         threads outside the grid return."""
         if target != "cuda":
             return None
-        return (f'extern "C" __global__ void kk_entry(const {ns}::kk_args a) {{\n'
+        return (f'extern "C" __global__ void {name}(const {ns}::kk_args a) {{\n'
                 f"  {ns}::kk_dbg_bind(a, nullptr);\n"
                 "  if (::kk::dbg::stopped()) return;\n"
                 "  kk_thread_ctx t;\n"

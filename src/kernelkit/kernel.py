@@ -9,6 +9,7 @@ outputs, packs the argument block and launches on the arrays' device.
 
 from __future__ import annotations
 
+import numbers
 import os
 import struct
 from dataclasses import dataclass
@@ -132,6 +133,7 @@ class Kernel:
         grid, group = _memo(self._checked, ("dispatch", device, grid, threadgroup),
                             lambda: self._dispatch(backend, device, grid, threadgroup))
         targs = self._template(template)
+        fills = self._initial_values(init_value)
         if numpy_in and any(d.name == "bfloat16" for d in out_dtypes):
             raise TypeError(f"[{c}] NumPy has no bfloat16: pass torch tensors for bfloat16 outputs.")
 
@@ -147,11 +149,10 @@ class Kernel:
             self._print(variant)
 
         outputs = [torch.empty(s, dtype=d.torch, device=device) for s, d in zip(shapes, out_dtypes)]
-        if init_value is not None:
-            for o in outputs:
-                o.fill_(init_value)
-        elif _POISON:
-            for o in outputs:
+        for o, fill in zip(outputs, fills):
+            if fill is not None:
+                o.fill_(fill)
+            elif _POISON:
                 _poison(o)
         launch = backend.launcher(variant.program, device, grid, group, self.shared_memory, stream,
                                   self.name)
@@ -209,6 +210,20 @@ class Kernel:
             raise ValueError(f"[{self.caller}] Expected `{what}` to have size {expected} "
                              f"but got size {len(value)}.")
         return value
+
+    def _initial_values(self, init_value) -> tuple:
+        """init_value per output: one number for every output (MLX's), or a sequence with a number
+        or None (left as allocated) for each."""
+        def number(v):
+            return isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+        if init_value is None or number(init_value):
+            return (init_value,) * len(self.output_names)
+        if isinstance(init_value, (list, tuple)) and len(init_value) == len(self.output_names) and all(
+                v is None or number(v) for v in init_value):
+            return tuple(init_value)
+        raise TypeError(f"[{self.caller}] init_value must be a number, or a list of a number or None "
+                        f"for each of the {len(self.output_names)} outputs {list(self.output_names)}; "
+                        f"got {init_value!r}.")
 
     def _inputs(self, inputs, contiguous: bool):
         tensors, specs, device, numpy_in = [], [], None, False
@@ -284,7 +299,8 @@ class Kernel:
             context += f" (its checked variant: {debugging.describe(plan.mode)})"
         program = backend.build(source, device, self.math_mode,
                                 tuple(self.dialect.compile_flags(backend.target, self.math_mode)),
-                                self.uses_sync, context, self.source, self.header, sig.block.size)
+                                self.uses_sync, context, self.source, self.header, sig.block.size,
+                                codegen.entry_name(self.name))
         if plan is not None:
             debugging.prepare(program)
         variant = Variant(sig, source, program, sig.packer(), plan)

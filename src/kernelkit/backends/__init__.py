@@ -1,8 +1,8 @@
 """Backends: where a generated kernel is compiled, loaded and launched.
 
 Each backend is one small module behind the same calls: `target` (the entry
-the code generator renders), `check_dispatch`, `build(source) -> program`
-(through the shared compile cache), `launcher(...) -> launch(block)` and
+the code generator renders), `check_dispatch`, `build(source, ..., entry) ->
+program` (through the shared compile cache; `entry` names the GPU's kernel symbol), `launcher(...) -> launch(block)` and
 `compiled_plan(...)` (a repeated call's plan in C, or None: kernel.py's plans).
 """
 

@@ -118,7 +118,7 @@ class CpuBackend:
                              f"{MAX_THREADS_PER_GROUP} are allowed.")
 
     def build(self, source: str, device, math_mode: str, flags: tuple[str, ...], uses_sync: bool,
-              context: str, body: str, header: str, block_size: int):
+              context: str, body: str, header: str, block_size: int, entry: str):
         self.runtime()
         key = key_of(source, math_mode, *flags, platform.machine(), compiler()[1])
 

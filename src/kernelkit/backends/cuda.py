@@ -172,7 +172,7 @@ class Device:
         self.max_shared_optin = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.context = _check(driver.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
         self._context_int = int(self.context)
-        self.modules: dict[str, object] = {}  # compile-cache key -> loaded kk_entry
+        self.modules: dict[str, object] = {}  # compile-cache key -> loaded entry
 
     @classmethod
     def get(cls, index: int) -> "Device":
@@ -182,12 +182,12 @@ class Device:
                 dev = cls._all.get(index) or cls._all.setdefault(index, Device(index))
         return dev
 
-    def load(self, cubin: bytes):
-        """A CUfunction of the cubin's `kk_entry`, loaded into this device's primary context."""
+    def load(self, cubin: bytes, entry: str):
+        """A CUfunction of the cubin's `entry`, loaded into this device's primary context."""
         driver = _driver()
         with self.current():
             module = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-            func = _check(driver.cuModuleGetFunction(module, b"kk_entry"), "cuModuleGetFunction")
+            func = _check(driver.cuModuleGetFunction(module, entry.encode()), "cuModuleGetFunction")
         return func
 
     def current(self):
@@ -294,7 +294,7 @@ class CudaBackend:
                              f"{dev.max_shared_optin} bytes per block.")
 
     def build(self, source: str, device, math_mode: str, flags: tuple[str, ...], uses_sync: bool,
-              context: str, body: str, header: str, block_size: int):
+              context: str, body: str, header: str, block_size: int, entry: str):
         from ..cache import CACHE, key_of
         dev = Device.get(device.index)
         key = key_of(source, math_mode, *flags, dev.arch, nvrtc_identity())
@@ -308,7 +308,7 @@ class CudaBackend:
         func = dev.modules.get(key)
         if func is None:
             cubin, _ = CACHE.get(key, ".cubin", source, compile_)
-            func = dev.modules.setdefault(key, dev.load(cubin))
+            func = dev.modules.setdefault(key, dev.load(cubin, entry))
         return _Program(dev, func, block_size)
 
     def launcher(self, program, device, grid, group, shared: int, stream, name: str):

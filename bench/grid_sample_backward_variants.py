@@ -1,0 +1,182 @@
+"""Where grid_sample's backward spends its time: variants of its kernels, timed at the seed's
+size (x 8x1024x1024x64, grid 8x256x256x2, float32) on a CUDA GPU. Not a test, not the op.
+
+    PYTHONPATH=src python3 bench/grid_sample_backward_variants.py
+
+Each variant is the op's own kernel source with one change (text replaced here, asserted to
+match once, so an edit of the op that breaks a variant fails loudly). Notes and the H100
+figures: bench/notes/grid_sample_backward.md.
+"""
+
+import importlib
+import sys
+
+import torch
+
+import kernelkit as kk
+from kernelkit.benchmarks import cuda_median_ms
+
+G = importlib.import_module("kernelkit.ops.grid_sample")
+SCATTER_INPUTS = ["x", "cotangent", "entries", "spilled", "count", "spill_end", "tile_w", "chunk", "capacity"]
+
+
+def replaced(source: str, old: str, new: str) -> str:
+    if source.count(old) != 1:
+        raise RuntimeError(f"the op's kernel changed: {old!r} is not in it once")
+    return source.replace(old, new)
+
+
+def scatter_variant(name: str, source: str):
+    return kk.cuda_kernel(name=name, input_names=SCATTER_INPUTS, output_names=["x_grad", "part"],
+                          source=source, header=G.HEADER, shared_memory=G._TILE_BYTES,
+                          compile_options=G._OPTIONS)
+
+
+S = G.SCATTER_SOURCE
+# the tile's count and first entry loaded, then no entries: the tile's zeros stored
+ONE_LOAD = scatter_variant("gs_var_one_load", replaced(S, "const int total = count[bin];",
+                                                        "const int total = 0 * count[bin];"))
+# no loads at all: only the tile's zeros (through shared memory, with both barriers)
+NO_LOADS = scatter_variant("gs_var_no_loads", replaced(replaced(
+    S, "const int total = count[bin];", "const int total = 0;"),
+    "gs_entry<A> e = slots[j < K ? j : 0];", "gs_entry<A> e;"))
+# x_grad only: no reads of x, no parts of grid_grad
+NO_PART = scatter_variant("gs_var_no_part", S.replace("if (!NEAREST) {", "if (!NEAREST && GRID_PART) {"))
+# grid_grad alone, per point (reads x's corners and the cotangent again, as the forward reads x)
+GRID_GRAD = kk.cuda_kernel(name="gs_var_grid_grad", input_names=["x", "cotangent", "coords"],
+                           output_names=["grid_grad"], header=G.HEADER, compile_options=G._OPTIONS, source="""
+    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
+    const uint64_t n = coords_shape[0];
+    const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t p = tid / L;
+    const int lane = int(tid % L);
+    if (p >= n) return;
+    const A ix = coords[4 * p], iy = coords[4 * p + 1];
+    const int x0 = int(floor(ix)), y0 = int(floor(iy)), x1 = x0 + 1, y1 = y0 + 1;
+    const bool x0_in = x0 >= 0 && x0 < W, x1_in = x1 >= 0 && x1 < W;
+    const bool y0_in = y0 >= 0 && y0 < H, y1_in = y1 >= 0 && y1 < H;
+    const T* pnw = x + int64_t(unsigned(p) / unsigned(n / x_shape[0])) * H * W * C + (int64_t(y0) * W + x0) * C;
+    const T* pne = pnw + C;
+    const T* psw = pnw + int64_t(W) * C;
+    const T* pse = psw + C;
+    const A ax = A(x1) - ix, bx = ix - A(x0), ay = A(y1) - iy, by = iy - A(y0);
+    A gix = A(0), giy = A(0);
+    for (int c = lane * V; c < C; c += L * V) {
+        A go[V], v[V];
+        gs_ld<V>(cotangent + p * C + c, go);
+        if (y0_in && x0_in) { gs_ld<V>(pnw + c, v); for (int i = 0; i < V; ++i) { gix -= v[i] * ay * go[i]; giy -= v[i] * ax * go[i]; } }
+        if (y0_in && x1_in) { gs_ld<V>(pne + c, v); for (int i = 0; i < V; ++i) { gix += v[i] * ay * go[i]; giy -= v[i] * bx * go[i]; } }
+        if (y1_in && x0_in) { gs_ld<V>(psw + c, v); for (int i = 0; i < V; ++i) { gix -= v[i] * by * go[i]; giy += v[i] * ax * go[i]; } }
+        if (y1_in && x1_in) { gs_ld<V>(pse + c, v); for (int i = 0; i < V; ++i) { gix += v[i] * by * go[i]; giy += v[i] * bx * go[i]; } }
+    }
+    for (int d = L / 2; d > 0; d /= 2) {
+        gix += __shfl_xor_sync(0xffffffffu, gix, d);
+        giy += __shfl_xor_sync(0xffffffffu, giy, d);
+    }
+    if (lane == 0) {
+        grid_grad[2 * p] = T(A(coords[4 * p + 2]) * gix);
+        grid_grad[2 * p + 1] = T(A(coords[4 * p + 3]) * giy);
+    }
+""")
+# the forward, with _bin's work done by each point's first lane (when a gradient will be needed)
+FORWARD_BIN = kk.cuda_kernel(
+    name="gs_var_forward_bin", input_names=["x", "grid", "tile_w", "capacity"],
+    output_names=["out", "coords", "count", "entries"], header=G.HEADER, compile_options=G._OPTIONS,
+    source=replaced(G.SAMPLE_SOURCE, "    if (NEAREST) {\n        const int xn", """    if (lane == 0) {
+        A gmx, gmy;
+        gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
+        gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
+        const A cc[4] = {ix, iy, gmx, gmy};
+        gs_st<4>(coords + 4 * p, cc);
+        const int K = capacity[0], tw = tile_w[0], tiles = (W + tw - 1) / tw;
+        const int64_t bins = int64_t(grid_shape[0]) * H * tiles;
+        int y_lo, t_lo, t_hi;
+        const int m = gs_entries<NEAREST>(ix, iy, H, W, tw, y_lo, t_lo, t_hi);
+        int bin[4], r[4];
+        for (int k = 0; k < 4; ++k)
+            if (k < m) { bin[k] = gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k); r[k] = atomicAdd(&count[bin[k]], 1); }
+        gs_entry<A> e;
+        e.ix = ix; e.iy = iy; e.p = int(p);
+        gs_entry<A>* eo = reinterpret_cast<gs_entry<A>*>(entries);
+        for (int k = 0; k < 4 && k < m; ++k) {
+            if (r[k] < K) { e.k = k; eo[int64_t(bin[k]) * K + r[k]] = e; }
+            else { atomicAdd(&count[bins + bin[k]], 1); e.k = k | (r[k] - K) << 2; eo[bins * K + atomicAdd(&count[2 * bins], 1)] = e; }
+        }
+    }
+    if (NEAREST) {
+        const int xn"""))
+WRITE = kk.cuda_kernel(name="gs_var_write", input_names=["n"], output_names=["out"], source="""
+    const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i * 4 < uint64_t(n[0])) reinterpret_cast<float4*>(out)[i] = make_float4(0, 0, 0, 0);
+""")
+
+
+def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
+    """Checks the variants against the op, then (on a GPU) times them."""
+    torch.manual_seed(0)
+    B, H, W, C, gH, gW = shape
+    x = torch.randn(B, H, W, C, device=device)
+    grid = torch.rand(B, gH, gW, 2, device=device) * 2 - 1
+    cot = torch.randn(B, gH, gW, C, device=device)
+    args = ("bilinear", "zeros", False)
+    tw, cq, k, coords, count, entries, spill_end, spilled = G._binning(x.shape, x.dtype, grid, *args)
+    n, bins = B * gH * gW, spill_end.numel()
+    v = G._vector(C, 4, x, cot)
+    lanes = G._lanes(C // v, v * 4)
+    template = G._template(x, *args, v, lanes)
+
+    def scatter(kernel, extra=()):
+        return kernel(inputs=[x, cot, entries, spilled, count, spill_end, tw, cq, k],
+                      template=template[:5] + list(extra), output_shapes=[x.shape, (n, 4, 1, 2)],
+                      output_dtypes=[x.dtype, torch.float32], grid=(bins * 128, 1, 1), threadgroup=(128, 1, 1))
+
+    def grid_grad():
+        return GRID_GRAD(inputs=[x, cot, coords], template=template[:4], output_shapes=[grid.shape],
+                         output_dtypes=[x.dtype], grid=(n * lanes, 1, 1), threadgroup=(256, 1, 1))[0]
+
+    def forward_bin():
+        return FORWARD_BIN(inputs=[x, grid, tw, k], template=template,
+                           output_shapes=[(B, gH, gW, C), (n, 4), (2 * bins + 1,), (bins * k + 4 * n, 4)],
+                           output_dtypes=[x.dtype, torch.float32, torch.int32, torch.float32],
+                           grid=(n * lanes, 1, 1), threadgroup=(256, 1, 1), init_value=[None, None, 0, None])
+
+    x_ref, g_ref = G._backward_checked(x, grid, cot, *args)  # the variants compute the same
+    for out, ref in ((scatter(NO_PART, [("GRID_PART", False)])[0], x_ref), (grid_grad(), g_ref)):
+        assert float((out - ref).norm() / ref.norm()) < 1e-5  # sums in another order
+    assert torch.equal(forward_bin()[0], G._forward_checked(x, grid, *args))
+    if device == "cpu":
+        return
+    side = torch.cuda.Stream()
+
+    def two_streams():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            grid_grad()
+        scatter(NO_PART, [("GRID_PART", False)])
+        torch.cuda.current_stream().wait_stream(side)
+
+    rows = [
+        ("forward", lambda: G._forward_checked(x, grid, *args)),
+        ("forward, then the backward's binning", lambda: (G._forward_checked(x, grid, *args),
+                                                           G._binning(x.shape, x.dtype, grid, *args))),
+        ("forward with the binning fused", forward_bin),
+        ("backward (the op)", lambda: G._backward_checked(x, grid, cot, *args)),
+        ("_scatter (the op's)", lambda: scatter(G._scatter)),
+        ("_scatter, x_grad only", lambda: scatter(NO_PART, [("GRID_PART", False)])),
+        ("grid_grad kernel alone", grid_grad),
+        ("x_grad only + grid_grad kernel, two streams", two_streams),
+        ("_scatter, tile count + first entry loaded, no entries", lambda: scatter(ONE_LOAD)),
+        ("_scatter, no loads (zeros through shared memory)", lambda: scatter(NO_LOADS)),
+        ("float4 zeros over x_grad's 2 GiB", lambda: WRITE(inputs=[x.numel()], output_shapes=[x.shape],
+                                                          output_dtypes=[x.dtype], grid=(x.numel() // 4, 1, 1),
+                                                          threadgroup=(256, 1, 1))),
+    ]
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    for name, fn in rows:
+        print(f"{name:<55} {cuda_median_ms(fn, 20):8.3f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU (main('cpu', small shape) only checks the variants)")
+    main()
