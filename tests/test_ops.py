@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernelkit.ops import grid_sample, grid_sample_torch, matmul_add_relu, matmul_add_relu_reference
-from kernelkit.ops.grid_sample import grid_sample_backward, grid_sample_forward
+from kernelkit.ops.grid_sample import MODES, grid_sample_backward, grid_sample_forward
 
 SETTINGS = list(itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True]))
 HALF = [torch.float16, torch.bfloat16]
@@ -107,11 +107,11 @@ def test_grid_sample_backward(device, mode, padding_mode, align_corners):
     _check_backward(device, mode, padding_mode, align_corners)
 
 
-def _check_backward(device, mode, padding_mode, align_corners):
+def _check_backward(device, mode, padding_mode, align_corners, grid=None):
     """Both gradients of a float32 backward against torch's in float64."""
     args = (mode, padding_mode, align_corners)
     x = torch.randn(2, 9, 13, 40, device=device)
-    grid = lattice_grid(2, 6, 7, device, torch.float32)
+    grid = lattice_grid(2, 6, 7, device, torch.float32) if grid is None else grid
     cot = torch.randn(2, 6, 7, 40, device=device)
     x_grad, grid_grad = _backward(x, grid, cot, *args)
     x_ref, grid_ref = _reference_backward(x, grid, cot, *args)
@@ -164,11 +164,40 @@ def test_grid_sample_backward_tiles(device, monkeypatch, tile_bytes, mode, paddi
     _check_backward(device, mode, padding_mode, align_corners)
 
 
+@pytest.mark.parametrize("case", ["one-slot", "clustered"])
+@pytest.mark.parametrize("mode", MODES)
+def test_grid_sample_backward_spills(device, monkeypatch, case, mode):
+    """Entries past their tile's slots go through the spill list: every entry past the first of a
+    tile, or the points crowded into a corner of x (their tiles fill, the others stay empty)."""
+    module = sys.modules["kernelkit.ops.grid_sample"]
+    if case == "one-slot":  # and tiles of 3 pixels: entries in two tiles of a row
+        monkeypatch.setattr(module, "_capacity", lambda *args: 1)
+        monkeypatch.setattr(module, "_TILE_BYTES", 4 * 40 * 3)
+        grid = lattice_grid(2, 6, 7, device, torch.float32)
+    else:  # in [-0.75, -0.25]: rows 0 to 3 of 9
+        grid = lattice_grid(2, 6, 7, device, torch.float32, reach=0.25) - 0.5
+    count = module._binning((2, 9, 13, 40), torch.float32, grid, mode, "border", False)[4]
+    assert count[-1] > 0  # entries spilled
+    _check_backward(device, mode, "border", False, grid)
+
+
+def test_grid_sample_backward_variants_script():
+    """bench/grid_sample_backward_variants.py edits the op's kernels: its variants still build
+    and compute what the op computes (checked on the CPU backend at a small size)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "bench" / "grid_sample_backward_variants.py"
+    spec = importlib.util.spec_from_file_location("grid_sample_backward_variants", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main("cpu", (1, 16, 20, 64, 8, 8))
+
+
 def test_grid_sample_empty(device, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a kernel was launched for an empty tensor")
     module = sys.modules["kernelkit.ops.grid_sample"]  # kernelkit.ops.grid_sample is the function
-    for name in ("_sample", "_bin", "_place", "_scatter", "_finish"):
+    for name in ("_sample", "_bin", "_spill", "_scatter", "_finish"):
         monkeypatch.setattr(module, name, no_launch)
     cases = [((0, 4, 5, 3), (0, 2, 2, 2)), ((2, 4, 5, 0), (2, 2, 2, 2)), ((2, 4, 5, 3), (2, 0, 3, 2)),
              ((1, 0, 5, 3), (1, 0, 3, 2))]

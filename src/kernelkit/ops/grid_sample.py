@@ -230,11 +230,16 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 #
 # The backward, kernel by kernel (N points, `bins` tiles):
 #   _bin      per point: its source coordinates and their derivatives (`coords`), and its
-#             rank among each of its tiles' entries (an atomic increment of the tile's count)
-#   cumsum    the counts' running sum (`end`): where each tile's entries go in `entries`
-#   _place    per point: its entries, in tile order (no atomics: the ranks say where)
+#             entries, each into a free slot of its tile (an atomic increment of the tile's
+#             count gives the slot); a tile holds `capacity` slots, sized for the tile's share of
+#             the points if they spread evenly, and entries past them go to a spill list
+#   cumsum    the spill counts' running sum (`spill_end`): where each tile's spills go
+#   _spill    the spill list in tile order (no work when nothing spilled, the usual case)
 #   _scatter  per tile (and chunk of channels): x_grad's tile, and each entry's part of grid_grad
 #   _finish   per point (bilinear): grid_grad, the sum of its entries' parts
+# (Fixed slots replaced a rank array, a cumsum over all tiles and a pass placing every entry:
+# 10 us less at the seed's size on the H100, and _scatter loads a tile's count and first entries
+# at once. _scatter itself did not get faster: see BENCHMARKS.md's notes on the backward.)
 # Every kernel after _bin reads the coordinates _bin stored, so they agree on every point's
 # entries, bit for bit.
 # The forward and the full op are cuda_kernel bodies (CUDA C++: vector loads through the
@@ -337,7 +342,7 @@ inline int gs_bin(unsigned b, int H, int tiles, int y_lo, int t_lo, int t_hi, in
     return (int(b) * H + y_lo + k / nt) * tiles + t_lo + k % nt;
 }
 
-// One entry as _place stores it for _scatter: one aligned load.
+// One entry as _bin stores it for _scatter: one aligned load.
 template <typename A> struct alignas(4 * sizeof(A)) gs_entry { A ix, iy; int p, k; };
 
 template <int BYTES> struct gs_bits;
@@ -433,9 +438,11 @@ SAMPLE_SOURCE = """
     }
 """
 
-# _bin: one thread per point. coords (N, 4): ix, iy, d(ix)/d(grid x), d(iy)/d(grid y).
+# _bin: one thread per point. coords (N, 4): ix, iy, d(ix)/d(grid x), d(iy)/d(grid y). count
+# (2 bins + 1): each tile's entries, then each tile's spilled entries, then all spilled entries.
+# entries: `capacity` slots per tile (bins x capacity), then the spill list (4 N at most).
 BIN_SOURCE = """
-    const int H = height[0], W = width[0];
+    const int H = height[0], W = width[0], K = capacity[0];
     const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
     const uint64_t p = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (p >= uint64_t(grid_shape[0]) * per_image) return;
@@ -446,42 +453,53 @@ BIN_SOURCE = """
     const A c[4] = {ix, iy, gmx, gmy};
     gs_st<4>(coords + 4 * p, c);
     const int tw = tile_w[0], tiles = (W + tw - 1) / tw;
+    const int64_t bins = int64_t(grid_shape[0]) * H * tiles;
     int y_lo, t_lo, t_hi;
     const int m = gs_entries<NEAREST>(ix, iy, H, W, tw, y_lo, t_lo, t_hi);
-    int r[4];  // all the increments first, then the stores: the increments overlap
-    for (int k = 0; k < 4; ++k)
-        if (k < m) r[k] = atomicAdd(&count[gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k)], 1);
-    for (int k = 0; k < 4; ++k)
-        if (k < m) rank[4 * p + k] = r[k];
-"""
-
-# _place: one thread per point.
-PLACE_SOURCE = """
-    const int H = height[0], W = width[0];
-    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
-    const uint64_t p = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (p >= uint64_t(grid_shape[0]) * per_image) return;
-    const unsigned b = unsigned(p) / per_image;
-    const int tw = tile_w[0], tiles = (W + tw - 1) / tw;
-    gs_entry<A> e;
-    e.ix = coords[4 * p];
-    e.iy = coords[4 * p + 1];
-    e.p = int(p);
-    int y_lo, t_lo, t_hi;
-    const int m = gs_entries<NEAREST>(e.ix, e.iy, H, W, tw, y_lo, t_lo, t_hi);
-    int at[4];  // all the loads first, then the stores: the loads overlap
+    int bin[4], r[4];  // all the increments first, then the stores: the increments overlap
     for (int k = 0; k < 4; ++k) {
         if (k < m) {
-            const int bin = gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k);
-            at[k] = __ldg(&end[bin]) - __ldg(&count[bin]) + __ldg(&rank[4 * p + k]);
+            bin[k] = gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k);
+            r[k] = atomicAdd(&count[bin[k]], 1);
         }
     }
+    gs_entry<A> e;
+    e.ix = ix;
+    e.iy = iy;
+    e.p = int(p);
     gs_entry<A>* out = reinterpret_cast<gs_entry<A>*>(entries);
     for (int k = 0; k < 4; ++k) {
-        if (k < m) {
+        if (k >= m) break;
+        if (r[k] < K) {
             e.k = k;
-            out[at[k]] = e;
+            out[int64_t(bin[k]) * K + r[k]] = e;
+        } else {  // the tile's slots are full: to the spill list, with the rank among its spills
+            atomicAdd(&count[bins + bin[k]], 1);
+            e.k = k | (r[k] - K) << 2;
+            out[bins * K + atomicAdd(&count[2 * bins], 1)] = e;
         }
+    }
+"""
+
+# _spill: the spill list in tile order (`spilled`: a tile's spilled entries end at spill_end),
+# threads striding over the list (usually empty: its length is known on the GPU only).
+SPILL_SOURCE = """
+    const int H = height[0], W = width[0], K = capacity[0];
+    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
+    const int tw = tile_w[0], tiles = (W + tw - 1) / tw;
+    const int64_t bins = int64_t(grid_shape[0]) * H * tiles;
+    const int total = count[2 * bins];
+    const gs_entry<A>* list = reinterpret_cast<const gs_entry<A>*>(entries) + bins * K;
+    gs_entry<A>* out = reinterpret_cast<gs_entry<A>*>(spilled);
+    const int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        gs_entry<A> e = list[i];
+        const int k = e.k & 3, rank = e.k >> 2;
+        int y_lo, t_lo, t_hi;
+        gs_entries<NEAREST>(e.ix, e.iy, H, W, tw, y_lo, t_lo, t_hi);
+        const int bin = gs_bin(unsigned(e.p) / per_image, H, tiles, y_lo, t_lo, t_hi, k);
+        e.k = k;
+        out[spill_end[bin] - count[bins + bin] + rank] = e;
     }
 """
 
@@ -505,18 +523,26 @@ SCATTER_SOURCE = """
     const int c_lo = q * cq, nc = min(C - c_lo, cq);  // a multiple of V
     const int n = ncol * nc;
     const unsigned b = bin / tiles / H;
-    const int nt = blockDim.x, tid = threadIdx.x, lane = tid % L;
+    const int nt = blockDim.x, tid = threadIdx.x, lane = tid % L, group = tid / L, groups = nt / L;
     for (int i = tid * V; i < n; i += nt * V)
         for (int k = 0; k < V; ++k) tile[i + k] = A(0);
     __syncthreads();
     const int64_t origin = ((int64_t(b) * H + row) * W + x_lo) * C + c_lo;  // the tile in x, x_grad
     const T* xs = x + origin;
-    const gs_entry<A>* bin_entries = reinterpret_cast<const gs_entry<A>*>(entries);
-    const int stop = end[bin];
-    for (int base = stop - count[bin]; base < stop; base += nt / L) {
-        const int at = base + tid / L;
-        const bool has = at < stop;
-        const gs_entry<A> e = bin_entries[has ? at : base];
+    const int K = capacity[0];
+    const int total = count[bin];
+    const gs_entry<A>* slots = reinterpret_cast<const gs_entry<A>*>(entries) + int64_t(bin) * K;
+    // A round per `groups` entries; the first runs before the tile's count is known (even for an
+    // empty tile), so that its entry's load overlaps the count's (a slot past the count holds
+    // garbage, not used). Entry j of the tile: slot j, or spilled entry j - K.
+    int j0 = 0;
+    do {
+        const int j = j0 + group;
+        const bool has = j < total;
+        gs_entry<A> e = slots[j < K ? j : 0];
+        if (has && j >= K)
+            e = reinterpret_cast<const gs_entry<A>*>(spilled)[spill_end[bin] - (total - K) + j - K];
+        if (!has) { e.ix = A(x_lo); e.iy = A(row); e.p = 0; e.k = 0; }  // a harmless stand-in
         // the entry's corners in this row and tile (at most two): column in the tile (-1: none),
         // weights for x_grad (w) and for the gradient in ix (dx) and iy (dy), as PyTorch's
         int cx0 = -1, cx1 = -1;
@@ -569,7 +595,8 @@ SCATTER_SOURCE = """
                 part[at_part + 1] = giy;
             }
         }
-    }
+        j0 += groups;
+    } while (j0 < total);
     __syncthreads();
     T* dst = x_grad + origin;
     if (nc == C) {  // the tile is contiguous in x_grad
@@ -604,14 +631,15 @@ _OPTIONS = {"math_mode": "relaxed"}
 _TILE_BYTES = 12 * 1024
 _sample = cuda_kernel(name="grid_sample_nhwc", input_names=["x", "grid"], output_names=["out"],
                       source=SAMPLE_SOURCE, header=HEADER, compile_options=_OPTIONS)
-_bin = cuda_kernel(name="grid_sample_nhwc_bin", input_names=["grid", "height", "width", "tile_w"],
-                   output_names=["coords", "count", "rank"], source=BIN_SOURCE, header=HEADER,
+_bin = cuda_kernel(name="grid_sample_nhwc_bin", input_names=["grid", "height", "width", "tile_w", "capacity"],
+                   output_names=["coords", "count", "entries"], source=BIN_SOURCE, header=HEADER,
                    compile_options=_OPTIONS)
-_place = cuda_kernel(name="grid_sample_nhwc_place",
-                     input_names=["grid", "coords", "rank", "count", "end", "height", "width", "tile_w"],
-                     output_names=["entries"], source=PLACE_SOURCE, header=HEADER, compile_options=_OPTIONS)
+_spill = cuda_kernel(name="grid_sample_nhwc_spill",
+                     input_names=["grid", "entries", "count", "spill_end", "height", "width", "tile_w", "capacity"],
+                     output_names=["spilled"], source=SPILL_SOURCE, header=HEADER, compile_options=_OPTIONS)
 _scatter = cuda_kernel(name="grid_sample_nhwc_scatter",
-                       input_names=["x", "cotangent", "entries", "count", "end", "tile_w", "chunk"],
+                       input_names=["x", "cotangent", "entries", "spilled", "count", "spill_end", "tile_w", "chunk",
+                                    "capacity"],
                        output_names=["x_grad", "part"], source=SCATTER_SOURCE, header=HEADER,
                        shared_memory=_TILE_BYTES, compile_options=_OPTIONS)
 _finish = cuda_kernel(name="grid_sample_nhwc_finish",
@@ -706,9 +734,17 @@ def _tiling(W: int, C: int, acc_size: int, v: int) -> tuple[int, int]:
     return 1, elems // v * v
 
 
+def _capacity(n: int, bins: int, tw: int, nearest: bool) -> int:
+    """Entry slots per tile: a tile's expected entries if the points spread evenly over x, and
+    four standard deviations of that count (Poisson's); a fuller tile spills the rest."""
+    mean = n * (1 if nearest else 2 * (1 + 1 / tw)) / bins
+    return math.ceil(mean + 4 * math.sqrt(mean)) + 1
+
+
 def _binning(x_shape, dtype, grid, mode, padding_mode, align_corners):
-    """The backward's first half, which needs no cotangent (nor x's data): (TW, CQ, coords,
-    count, end, entries) for x of this shape and dtype and grid (a non-empty output)."""
+    """The backward's first half, which needs no cotangent (nor x's data), for x of this shape
+    and dtype and grid (a non-empty output): (TW, CQ, capacity, coords, count, entries,
+    spill_end, spilled)."""
     B, H, W, C = x_shape
     _, gH, gW, _ = grid.shape
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -717,21 +753,24 @@ def _binning(x_shape, dtype, grid, mode, padding_mode, align_corners):
     itemsize = torch.empty((), dtype=dtype).element_size()
     tw, cq = _tiling(W, C, 8 if acc == torch.float64 else 4, max(1, 16 // itemsize))
     bins, chunks = B * H * -(-W // tw), -(-C // cq)
-    if 4 * n >= 2**31 or bins >= 2**31 or bins * chunks * _SCATTER_THREADS >= 2**32:
+    if 4 * n >= 2**31 or 2 * bins >= 2**31 or bins * chunks * _SCATTER_THREADS >= 2**32:
         raise ValueError(f"grid_sample: the backward of {n} grid points on x of shape {tuple(x_shape)} "
                          "exceeds one launch; split the batch.")
-    settings = [("A", acc), ("NEAREST", mode == "nearest"), ("PADDING", PADDING_MODES.index(padding_mode)),
+    nearest = mode == "nearest"
+    k = _capacity(n, bins, tw, nearest)
+    settings = [("A", acc), ("NEAREST", nearest), ("PADDING", PADDING_MODES.index(padding_mode)),
                 ("ALIGN", align_corners)]
     points, group = (_threads(n, 1), 1, 1), (_THREADS, 1, 1)
-    # per point: coordinates, and its rank among each of its tiles' entries
-    coords, count, rank = _bin(inputs=[grid, H, W, tw], template=settings,
-                               output_shapes=[(n, 4), (bins,), (n, 4)],
-                               output_dtypes=[acc, torch.int32, torch.int32], grid=points,
-                               threadgroup=group, init_value=0)
-    end = torch.cumsum(count, 0, dtype=torch.int32)  # where each tile's entries end
-    entries, = _place(inputs=[grid, coords, rank, count, end, H, W, tw], template=settings[:2],
-                      output_shapes=[(4 * n, 4)], output_dtypes=[acc], grid=points, threadgroup=group)
-    return tw, cq, coords, count, end, entries
+    # per point: coordinates; its entries into their tiles' slots, or the spill list (counted)
+    coords, count, entries = _bin(inputs=[grid, H, W, tw, k], template=settings,
+                                  output_shapes=[(n, 4), (2 * bins + 1,), (bins * k + 4 * n, 4)],
+                                  output_dtypes=[acc, torch.int32, acc], grid=points, threadgroup=group,
+                                  init_value=[None, 0, None])
+    spill_end = torch.cumsum(count[bins:2 * bins], 0, dtype=torch.int32)  # where each tile's spills end
+    stride = (min(4 * n, _THREADS * 512), 1, 1)  # threads striding over the spill list
+    spilled, = _spill(inputs=[grid, entries, count, spill_end, H, W, tw, k], template=settings[:2],
+                      output_shapes=[(4 * n, 4)], output_dtypes=[acc], grid=stride, threadgroup=group)
+    return tw, cq, k, coords, count, entries, spill_end, spilled
 
 
 def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners):
@@ -742,16 +781,18 @@ def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners):
         return torch.zeros_like(x), torch.zeros_like(grid)
     x, grid = x.contiguous(), grid.contiguous()
     cotangent = cotangent.to(device=x.device, dtype=x.dtype).contiguous()
-    tw, cq, coords, count, end, entries = _binning(x.shape, x.dtype, grid, mode, padding_mode, align_corners)
-    n, chunks = B * gH * gW, -(-C // cq)
+    tw, cq, k, coords, count, entries, spill_end, spilled = _binning(x.shape, x.dtype, grid, mode,
+                                                                      padding_mode, align_corners)
+    n, bins, chunks = B * gH * gW, spill_end.numel(), -(-C // cq)
     v = _vector(C, x.element_size(), x, cotangent)
     template = _template(x, mode, padding_mode, align_corners, v, _lanes(C // v, v * x.element_size()))
     nearest = mode == "nearest"
     # x_grad, tile by tile, and each entry's part of grid_grad
-    x_grad, part = _scatter(inputs=[x, cotangent, entries, count, end, tw, cq], template=template[:5],
+    x_grad, part = _scatter(inputs=[x, cotangent, entries, spilled, count, spill_end, tw, cq, k],
+                            template=template[:5],
                             output_shapes=[x.shape, (1,) if nearest else (n, 4, chunks, 2)],
                             output_dtypes=[x.dtype, coords.dtype],
-                            grid=(count.numel() * chunks * _SCATTER_THREADS, 1, 1),
+                            grid=(bins * chunks * _SCATTER_THREADS, 1, 1),
                             threadgroup=(_SCATTER_THREADS, 1, 1))
     if nearest:  # the output is piecewise constant in grid: torch's grid_grad is zero
         return x_grad, torch.zeros_like(grid)
