@@ -2,7 +2,8 @@
 
 Each backend is one small module behind the same calls: `target` (the entry
 the code generator renders), `check_dispatch`, `build(source, ..., entry) ->
-program` (through the shared compile cache; `entry` names the GPU's kernel symbol), `launcher(...) -> launch(block)` and
+program` (through the shared compile cache; `entry` names the GPU's kernel
+symbol, the CPU library's is fixed), `launcher(...) -> launch(block)` and
 `compiled_plan(...)` (a repeated call's plan in C, or None: kernel.py's plans).
 """
 
