@@ -78,33 +78,6 @@ GRID_GRAD = kk.cuda_kernel(name="gs_var_grid_grad", input_names=["x", "cotangent
         grid_grad[2 * p + 1] = T(A(coords[4 * p + 3]) * giy);
     }
 """)
-# the forward, with _bin's work done by each point's first lane (when a gradient will be needed)
-FORWARD_BIN = kk.cuda_kernel(
-    name="gs_var_forward_bin", input_names=["x", "grid", "tile_w", "capacity"],
-    output_names=["out", "coords", "count", "entries"], header=G.HEADER, compile_options=G._OPTIONS,
-    source=replaced(G.SAMPLE_SOURCE, "    if (NEAREST) {\n        const int xn", """    if (lane == 0) {
-        A gmx, gmy;
-        gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
-        gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
-        const A cc[4] = {ix, iy, gmx, gmy};
-        gs_st<4>(coords + 4 * p, cc);
-        const int K = capacity[0], tw = tile_w[0], tiles = (W + tw - 1) / tw;
-        const int64_t bins = int64_t(grid_shape[0]) * H * tiles;
-        int y_lo, t_lo, t_hi;
-        const int m = gs_entries<NEAREST>(ix, iy, H, W, tw, y_lo, t_lo, t_hi);
-        int bin[4], r[4];
-        for (int k = 0; k < 4; ++k)
-            if (k < m) { bin[k] = gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k); r[k] = atomicAdd(&count[bin[k]], 1); }
-        gs_entry<A> e;
-        e.ix = ix; e.iy = iy; e.p = int(p);
-        gs_entry<A>* eo = reinterpret_cast<gs_entry<A>*>(entries);
-        for (int k = 0; k < 4 && k < m; ++k) {
-            if (r[k] < K) { e.k = k; eo[int64_t(bin[k]) * K + r[k]] = e; }
-            else { atomicAdd(&count[bins + bin[k]], 1); e.k = k | (r[k] - K) << 2; eo[bins * K + atomicAdd(&count[2 * bins], 1)] = e; }
-        }
-    }
-    if (NEAREST) {
-        const int xn"""))
 WRITE = kk.cuda_kernel(name="gs_var_write", input_names=["n"], output_names=["out"], source="""
     const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i * 4 < uint64_t(n[0])) reinterpret_cast<float4*>(out)[i] = make_float4(0, 0, 0, 0);
@@ -119,8 +92,11 @@ def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
     grid = torch.rand(B, gH, gW, 2, device=device) * 2 - 1
     cot = torch.randn(B, gH, gW, C, device=device)
     args = ("bilinear", "zeros", False)
-    tw, cq, k, coords, count, entries, spill_end, spilled = G._binning(x.shape, x.dtype, grid, *args)
-    n, bins = B * gH * gW, spill_end.numel()
+    layout = G._layout(x.shape, x.dtype, grid.shape, args[0])
+    tw, cq, k, bins = layout.tw, layout.cq, layout.capacity, layout.bins
+    coords, count, entries = G._binning(x.shape, x.dtype, grid, *args)
+    spill_end, spilled = G._spills(x.shape, grid, layout, count, entries, args[0])
+    n = B * gH * gW
     v = G._vector(C, 4, x, cot)
     lanes = G._lanes(C // v, v * 4)
     template = G._template(x, *args, v, lanes)
@@ -134,16 +110,10 @@ def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
         return GRID_GRAD(inputs=[x, cot, coords], template=template[:4], output_shapes=[grid.shape],
                          output_dtypes=[x.dtype], grid=(n * lanes, 1, 1), threadgroup=(256, 1, 1))[0]
 
-    def forward_bin():
-        return FORWARD_BIN(inputs=[x, grid, tw, k], template=template,
-                           output_shapes=[(B, gH, gW, C), (n, 4), (2 * bins + 1,), (bins * k + 4 * n, 4)],
-                           output_dtypes=[x.dtype, torch.float32, torch.int32, torch.float32],
-                           grid=(n * lanes, 1, 1), threadgroup=(256, 1, 1), init_value=[None, None, 0, None])
-
     x_ref, g_ref = G._backward_checked(x, grid, cot, *args)  # the variants compute the same
     for out, ref in ((scatter(NO_PART, [("GRID_PART", False)])[0], x_ref), (grid_grad(), g_ref)):
         assert float((out - ref).norm() / ref.norm()) < 1e-5  # sums in another order
-    assert torch.equal(forward_bin()[0], G._forward_checked(x, grid, *args))
+    binned = G._forward_checked(x, grid, *args, binning=True)[1:]
     if device == "cpu":
         return
     side = torch.cuda.Stream()
@@ -157,10 +127,13 @@ def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
 
     rows = [
         ("forward", lambda: G._forward_checked(x, grid, *args)),
-        ("forward, then the backward's binning", lambda: (G._forward_checked(x, grid, *args),
-                                                           G._binning(x.shape, x.dtype, grid, *args))),
-        ("forward with the binning fused", forward_bin),
-        ("backward (the op)", lambda: G._backward_checked(x, grid, cot, *args)),
+        ("forward, then the binning (_bin)", lambda: (G._forward_checked(x, grid, *args),
+                                                       G._binning(x.shape, x.dtype, grid, *args))),
+        ("forward binning too (the op when a gradient is wanted)",
+         lambda: G._forward_checked(x, grid, *args, binning=True)),
+        ("backward, binning itself", lambda: G._backward_checked(x, grid, cot, *args)),
+        ("backward given the forward's binning (the op)",
+         lambda: G._backward_checked(x, grid, cot, *args, binned)),
         ("_scatter (the op's)", lambda: scatter(G._scatter)),
         ("_scatter, x_grad only", lambda: scatter(NO_PART, [("GRID_PART", False)])),
         ("grid_grad kernel alone", grid_grad),

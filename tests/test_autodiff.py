@@ -304,6 +304,7 @@ def test_multiple_outputs_unused_and_integer_outputs():
     prod.sum().backward()  # s and pos unused: their cotangents are zeros
     d_s, d_pos, (d_prod,) = seen["cotangents"]
     assert torch.equal(d_s, torch.zeros_like(s)) and torch.equal(d_pos, torch.zeros_like(pos))
+    assert d_s.stride() == (0,) * d_s.dim() and d_pos.stride() == (0,) * d_pos.dim()  # nothing filled
     assert torch.equal(d_prod, torch.ones_like(prod))
     assert isinstance(seen["outputs"], tuple) and isinstance(seen["outputs"][2], list)
     close(x.grad, y)

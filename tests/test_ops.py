@@ -113,11 +113,14 @@ def _check_backward(device, mode, padding_mode, align_corners, grid=None):
     x = torch.randn(2, 9, 13, 40, device=device)
     grid = lattice_grid(2, 6, 7, device, torch.float32) if grid is None else grid
     cot = torch.randn(2, 6, 7, 40, device=device)
-    x_grad, grid_grad = _backward(x, grid, cot, *args)
+    x_grad, grid_grad = _backward(x, grid, cot, *args)  # the forward's kernel bins the points
     x_ref, grid_ref = _reference_backward(x, grid, cot, *args)
     assert x_grad.dtype == grid_grad.dtype == torch.float32
     torch.testing.assert_close(x_grad.double(), x_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(grid_grad.double(), grid_ref, rtol=1e-4, atol=1e-4)
+    # the backward alone bins them itself (_bin): the same up to the order of the sums
+    for ours, alone in zip((x_grad, grid_grad), grid_sample_backward(x, grid, cot, *args)):
+        torch.testing.assert_close(alone, ours)
     if mode == "nearest":
         assert not grid_grad.any()
 
@@ -176,9 +179,29 @@ def test_grid_sample_backward_spills(device, monkeypatch, case, mode):
         grid = lattice_grid(2, 6, 7, device, torch.float32)
     else:  # in [-0.75, -0.25]: rows 0 to 3 of 9
         grid = lattice_grid(2, 6, 7, device, torch.float32, reach=0.25) - 0.5
-    count = module._binning((2, 9, 13, 40), torch.float32, grid, mode, "border", False)[4]
+    count = module._binning((2, 9, 13, 40), torch.float32, grid, mode, "border", False)[1]
     assert count[-1] > 0  # entries spilled
     _check_backward(device, mode, "border", False, grid)
+
+
+def test_grid_sample_torch_func(device):
+    """torch.func.grad and vjp through grid_sample (the forward bins for the backward there too),
+    and a call under no_grad (it does not)."""
+    x = torch.randn(2, 5, 6, 8, device=device)
+    grid = lattice_grid(2, 3, 4, device, torch.float32)
+    cot = torch.randn(2, 3, 4, 8, device=device)
+
+    def loss(f):
+        return lambda x, g: (f(x, g) * cot).sum()
+    ours = torch.func.grad(loss(grid_sample), argnums=(0, 1))(x, grid)
+    ref = torch.func.grad(loss(grid_sample_torch), argnums=(0, 1))(x, grid)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    out, vjp = torch.func.vjp(grid_sample, x, grid)
+    for a, b in zip(vjp(cot), ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(grid_sample(x.requires_grad_(), grid), out)
 
 
 def test_grid_sample_backward_variants_script():

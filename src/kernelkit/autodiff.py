@@ -30,15 +30,15 @@ The rules see what MLX's see:
 - A vjp returns one gradient per positional argument (a single one where
   there is one argument), shaped like `primals`; None for no gradient.
 - `tangents` mirrors `primals`: None for non-tensor arguments, zeros for a
-  tensor without a tangent (torch materializes them).
+  tensor without a tangent (a zero-strided view, as missing cotangents below).
 - `axes` mirrors `inputs`: the batched axis of each tensor, or None. The
   vmap rule returns `(outputs, out_axes)`; out_axes may be a single int/None
   for every output.
 
 Choices where PyTorch and MLX differ:
 - Missing cotangents (an output the loss does not use) arrive as zeros, as in
-  MLX: autograd materializes them, so a vjp kernel always gets real tensors
-  (at the cost of a zero-filled tensor per unused output).
+  MLX: a zero-strided view of one zero (no memory filled; a kernel taking it
+  gets a row-contiguous copy, as for any view). Do not write into cotangents.
 - Outputs of integer or bool dtype are marked non-differentiable: they get no
   gradient and their cotangent is zeros; their tangent is dropped.
 - A transform whose rule was not given raises NotImplementedError naming f
@@ -86,6 +86,11 @@ def _build(spec, it):
         return {k: _build(c, it) for k, c in children}
     items = [_build(c, it) for c in children]
     return kind(*items) if hasattr(kind, "_fields") else kind(items)  # namedtuples take fields
+
+
+def _zeros_like(t: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like t, as one element seen through every index (no memory filled)."""
+    return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
 
 
 def _differentiable(t: torch.Tensor) -> bool:
@@ -194,6 +199,7 @@ class _Function(torch.autograd.Function):
         tensors = [leaves[i] for i in ctx.tensor_at]
         ctx.out_diff = [_differentiable(o) for o in output]
         ctx.mark_non_differentiable(*[o for o, d in zip(output, ctx.out_diff) if not d])
+        ctx.set_materialize_grads(False)  # backward makes its zeros without filling memory
         # MLX's vjp gets primals and outputs, its jvp the primals: save exactly those.
         ctx.save_for_backward(*tensors, *output)
         ctx.save_for_forward(*tensors)
@@ -213,7 +219,10 @@ class _Function(torch.autograd.Function):
             result = call.fun._vjp(primals, cotangents, outputs, **kwargs)
             return _gradients(call, leaves, result)
 
-        grads = iter(_below_functorch(call.fun, "vjp", rule, [*ctx.saved_tensors, *grads]))
+        saved = ctx.saved_tensors
+        outputs = saved[n_in:]
+        grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
+        grads = iter(_below_functorch(call.fun, "vjp", rule, [*saved, *grads]))
         # one gradient per argument of apply: None for `call` and the non-tensor leaves
         at = set(ctx.tensor_at)
         return (None, *(next(grads) if i in at else None for i in range(len(ctx.leaves))))
@@ -227,8 +236,7 @@ class _Function(torch.autograd.Function):
 
         def rule(tensors):
             primals, kwargs = call.arguments(_with_tensors(ctx, tensors[:n_in]))
-            # tangents mirror the primals: None for non-tensors (torch hands us zeros for a
-            # tensor without a tangent)
+            # tangents mirror the primals: None for non-tensors, zeros for a tensor without one
             tangent_leaves = [None] * len(ctx.leaves)
             for i, t in zip(ctx.tensor_at, tensors[n_in:]):
                 tangent_leaves[i] = t
@@ -240,8 +248,9 @@ class _Function(torch.autograd.Function):
                                  f"{len(flat)} tangents for {len(ctx.out_diff)} outputs.")
             return [t if d else None for t, d in zip(flat, ctx.out_diff)]
 
-        tangents = [tangents[i] for i in ctx.tensor_at]
-        return tuple(_below_functorch(call.fun, "jvp", rule, [*ctx.saved_tensors, *tangents]))
+        saved = ctx.saved_tensors
+        tangents = [_zeros_like(x) if tangents[i] is None else tangents[i] for i, x in zip(ctx.tensor_at, saved)]
+        return tuple(_below_functorch(call.fun, "jvp", rule, [*saved, *tangents]))
 
     @staticmethod
     def vmap(info, in_dims, call, *leaves):

@@ -11,6 +11,7 @@ float16/bfloat16/float32/float64, differentiable through `kk.custom_function`, w
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -232,7 +233,10 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 #   _bin      per point: its source coordinates and their derivatives (`coords`), and its
 #             entries, each into a free slot of its tile (an atomic increment of the tile's
 #             count gives the slot); a tile holds `capacity` slots, sized for the tile's share of
-#             the points if they spread evenly, and entries past them go to a spill list
+#             the points if they spread evenly, and entries past them go to a spill list.
+#             When grid_sample's caller will want a gradient, the forward's kernel does this
+#             instead (_sample_bin: the point's lanes take its entries while its loads are in
+#             flight) and hands it to the vjp as extra outputs.
 #   cumsum    the spill counts' running sum (`spill_end`): where each tile's spills go
 #   _spill    the spill list in tile order (no work when nothing spilled, the usual case)
 #   _scatter  per tile (and chunk of channels): x_grad's tile, and each entry's part of grid_grad
@@ -379,12 +383,46 @@ void gs_st(T* p, const A* v) {
         *reinterpret_cast<B*>(p) = bits;
     }
 }
+
+// The binning, one entry at a time: point p's entry k (none when the point has k entries or
+// fewer) into a free slot of its tile (an atomic increment of the tile's count gives the slot),
+// or onto the spill list with its rank among the tile's spills. Entry 0 also stores the point's
+// coords: ix, iy, d(ix)/d(grid x), d(iy)/d(grid y). count (2 bins + 1): each tile's entries,
+// each tile's spilled entries, all spilled entries; entries: K slots per tile, then the list.
+template <bool NEAREST, int PADDING, bool ALIGN, typename G, typename A>
+void gs_bin_entry(const G* grid, uint64_t p, unsigned b, int k, int H, int W, int tw, int K,
+                  int64_t bins, A* coords, int* count, A* entries) {
+    A gmx, gmy;
+    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
+    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
+    if (k == 0) {
+        const A c[4] = {ix, iy, gmx, gmy};
+        gs_st<4>(coords + 4 * p, c);
+    }
+    int y_lo, t_lo, t_hi;
+    if (k >= gs_entries<NEAREST>(ix, iy, H, W, tw, y_lo, t_lo, t_hi)) return;
+    const int bin = gs_bin(b, H, (W + tw - 1) / tw, y_lo, t_lo, t_hi, k);
+    const int r = atomicAdd(&count[bin], 1);
+    gs_entry<A> e;
+    e.ix = ix;
+    e.iy = iy;
+    e.p = int(p);
+    gs_entry<A>* out = reinterpret_cast<gs_entry<A>*>(entries);
+    if (r < K) {
+        e.k = k;
+        out[int64_t(bin) * K + r] = e;
+    } else {
+        atomicAdd(&count[bins + bin], 1);
+        e.k = k | (r - K) << 2;
+        out[bins * K + atomicAdd(&count[2 * bins], 1)] = e;
+    }
+}
 """
 
 # Every kernel below takes its settings as template constants: T (x's dtype), A (compute dtype),
 # V (channels per access), L (lanes per point), NEAREST, PADDING, ALIGN. The grid has fewer than
 # 2**32 points (checked), so a point's index fits 32 bits where it is divided.
-SAMPLE_SOURCE = """
+_SAMPLE = """
     const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
     const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
     const uint64_t n = uint64_t(grid_shape[0]) * per_image;
@@ -398,7 +436,7 @@ SAMPLE_SOURCE = """
     const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, unused);
     const T* xb = x + int64_t(b) * H * W * C;  // image b
     T* o = out + p * C;
-    if (NEAREST) {
+""" + "{binning}" + """    if (NEAREST) {
         const int xn = int(rint(ix));
         const int yn = int(rint(iy));
         const bool in = xn >= 0 && xn < W && yn >= 0 && yn < H;
@@ -437,48 +475,25 @@ SAMPLE_SOURCE = """
         gs_st<V>(o + c, v);
     }
 """
+SAMPLE_SOURCE = _SAMPLE.replace("{binning}", "")
+# The forward that also bins (when a gradient will be wanted): the point's lanes take its entries,
+# so the binning's atomics overlap the forward's loads.
+SAMPLE_BIN_SOURCE = _SAMPLE.replace("{binning}", """    const int64_t bins = int64_t(grid_shape[0]) * H * ((W + tile_w[0] - 1) / tile_w[0]);
+    for (int k = lane; k < 4; k += L)
+        gs_bin_entry<NEAREST, PADDING, ALIGN>(grid, p, b, k, H, W, tile_w[0], capacity[0], bins, coords,
+                                              count, entries);
+""")
 
-# _bin: one thread per point. coords (N, 4): ix, iy, d(ix)/d(grid x), d(iy)/d(grid y). count
-# (2 bins + 1): each tile's entries, then each tile's spilled entries, then all spilled entries.
-# entries: `capacity` slots per tile (bins x capacity), then the spill list (4 N at most).
+# _bin: four threads per point, one per entry (see gs_bin_entry).
 BIN_SOURCE = """
-    const int H = height[0], W = width[0], K = capacity[0];
+    const int H = height[0], W = width[0];
     const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
-    const uint64_t p = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const uint64_t p = tid / 4;
     if (p >= uint64_t(grid_shape[0]) * per_image) return;
-    const unsigned b = unsigned(p) / per_image;
-    A gmx, gmy;
-    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
-    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
-    const A c[4] = {ix, iy, gmx, gmy};
-    gs_st<4>(coords + 4 * p, c);
-    const int tw = tile_w[0], tiles = (W + tw - 1) / tw;
-    const int64_t bins = int64_t(grid_shape[0]) * H * tiles;
-    int y_lo, t_lo, t_hi;
-    const int m = gs_entries<NEAREST>(ix, iy, H, W, tw, y_lo, t_lo, t_hi);
-    int bin[4], r[4];  // all the increments first, then the stores: the increments overlap
-    for (int k = 0; k < 4; ++k) {
-        if (k < m) {
-            bin[k] = gs_bin(b, H, tiles, y_lo, t_lo, t_hi, k);
-            r[k] = atomicAdd(&count[bin[k]], 1);
-        }
-    }
-    gs_entry<A> e;
-    e.ix = ix;
-    e.iy = iy;
-    e.p = int(p);
-    gs_entry<A>* out = reinterpret_cast<gs_entry<A>*>(entries);
-    for (int k = 0; k < 4; ++k) {
-        if (k >= m) break;
-        if (r[k] < K) {
-            e.k = k;
-            out[int64_t(bin[k]) * K + r[k]] = e;
-        } else {  // the tile's slots are full: to the spill list, with the rank among its spills
-            atomicAdd(&count[bins + bin[k]], 1);
-            e.k = k | (r[k] - K) << 2;
-            out[bins * K + atomicAdd(&count[2 * bins], 1)] = e;
-        }
-    }
+    const int64_t bins = int64_t(grid_shape[0]) * H * ((W + tile_w[0] - 1) / tile_w[0]);
+    gs_bin_entry<NEAREST, PADDING, ALIGN>(grid, p, unsigned(p) / per_image, int(tid % 4), H, W, tile_w[0],
+                                          capacity[0], bins, coords, count, entries);
 """
 
 # _spill: the spill list in tile order (`spilled`: a tile's spilled entries end at spill_end),
@@ -631,6 +646,9 @@ _OPTIONS = {"math_mode": "relaxed"}
 _TILE_BYTES = 12 * 1024
 _sample = cuda_kernel(name="grid_sample_nhwc", input_names=["x", "grid"], output_names=["out"],
                       source=SAMPLE_SOURCE, header=HEADER, compile_options=_OPTIONS)
+_sample_bin = cuda_kernel(name="grid_sample_nhwc_binning", input_names=["x", "grid", "tile_w", "capacity"],
+                          output_names=["out", "coords", "count", "entries"], source=SAMPLE_BIN_SOURCE,
+                          header=HEADER, compile_options=_OPTIONS)
 _bin = cuda_kernel(name="grid_sample_nhwc_bin", input_names=["grid", "height", "width", "tile_w", "capacity"],
                    output_names=["coords", "count", "entries"], source=BIN_SOURCE, header=HEADER,
                    compile_options=_OPTIONS)
@@ -704,18 +722,27 @@ def grid_sample_forward(x, grid, mode="bilinear", padding_mode="zeros", align_co
     return _forward_checked(x, grid, mode, padding_mode, align_corners)
 
 
-def _forward_checked(x, grid, mode, padding_mode, align_corners):
+def _forward_checked(x, grid, mode, padding_mode, align_corners, binning=False):
+    """The output; with binning, (out, coords, count, entries): the backward's binning too (see
+    _binning), done by the forward's kernel."""
     B, gH, gW, _ = grid.shape
     C = x.shape[3]
     out_shape = (B, gH, gW, C)
     if math.prod(out_shape) == 0:
-        return x.new_empty(out_shape)
+        out = x.new_empty(out_shape)
+        return (out, *(x.new_empty(0) for _ in range(3))) if binning else out
     x = x.contiguous()  # (the kernel would copy it anyway) the data whose alignment counts
     v = _vector(C, x.element_size(), x)  # the output is a fresh allocation: aligned
     lanes = _lanes(C // v, v * x.element_size())
-    return _sample(inputs=[x, grid], template=_template(x, mode, padding_mode, align_corners, v, lanes),
-                   output_shapes=[out_shape], output_dtypes=[x.dtype],
-                   grid=(_threads(B * gH * gW, lanes), 1, 1), threadgroup=(_THREADS, 1, 1))[0]
+    template = _template(x, mode, padding_mode, align_corners, v, lanes)
+    threads = (_threads(B * gH * gW, lanes), 1, 1)
+    if not binning:
+        return _sample(inputs=[x, grid], template=template, output_shapes=[out_shape], output_dtypes=[x.dtype],
+                       grid=threads, threadgroup=(_THREADS, 1, 1))[0]
+    layout = _layout(x.shape, x.dtype, grid.shape, mode)
+    return tuple(_sample_bin(inputs=[x, grid, layout.tw, layout.capacity], template=template,
+                             output_shapes=[out_shape, *layout.shapes], output_dtypes=[x.dtype, *layout.dtypes],
+                             grid=threads, threadgroup=(_THREADS, 1, 1), init_value=[None, None, 0, None]))
 
 
 def grid_sample_backward(x, grid, cotangent, mode="bilinear", padding_mode="zeros",
@@ -741,14 +768,20 @@ def _capacity(n: int, bins: int, tw: int, nearest: bool) -> int:
     return math.ceil(mean + 4 * math.sqrt(mean)) + 1
 
 
-def _binning(x_shape, dtype, grid, mode, padding_mode, align_corners):
-    """The backward's first half, which needs no cotangent (nor x's data), for x of this shape
-    and dtype and grid (a non-empty output): (TW, CQ, capacity, coords, count, entries,
-    spill_end, spilled)."""
+class _Layout(NamedTuple):
+    """The backward's tiles for x of one shape and dtype and a grid of one shape."""
+    tw: int        # pixels of a row in a tile
+    cq: int        # channels in a tile
+    bins: int      # tiles
+    capacity: int  # entry slots per tile
+    shapes: list   # of the binning's outputs: coords, count, entries
+    dtypes: list
+
+
+def _layout(x_shape, dtype, grid_shape, mode) -> _Layout:
     B, H, W, C = x_shape
-    _, gH, gW, _ = grid.shape
+    n = B * grid_shape[1] * grid_shape[2]
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    n = B * gH * gW
     # the tiles' channels: a multiple of the widest access, hence of the one the backward takes
     itemsize = torch.empty((), dtype=dtype).element_size()
     tw, cq = _tiling(W, C, 8 if acc == torch.float64 else 4, max(1, 16 // itemsize))
@@ -756,24 +789,39 @@ def _binning(x_shape, dtype, grid, mode, padding_mode, align_corners):
     if 4 * n >= 2**31 or 2 * bins >= 2**31 or bins * chunks * _SCATTER_THREADS >= 2**32:
         raise ValueError(f"grid_sample: the backward of {n} grid points on x of shape {tuple(x_shape)} "
                          "exceeds one launch; split the batch.")
-    nearest = mode == "nearest"
-    k = _capacity(n, bins, tw, nearest)
-    settings = [("A", acc), ("NEAREST", nearest), ("PADDING", PADDING_MODES.index(padding_mode)),
-                ("ALIGN", align_corners)]
-    points, group = (_threads(n, 1), 1, 1), (_THREADS, 1, 1)
-    # per point: coordinates; its entries into their tiles' slots, or the spill list (counted)
-    coords, count, entries = _bin(inputs=[grid, H, W, tw, k], template=settings,
-                                  output_shapes=[(n, 4), (2 * bins + 1,), (bins * k + 4 * n, 4)],
-                                  output_dtypes=[acc, torch.int32, acc], grid=points, threadgroup=group,
-                                  init_value=[None, 0, None])
-    spill_end = torch.cumsum(count[bins:2 * bins], 0, dtype=torch.int32)  # where each tile's spills end
-    stride = (min(4 * n, _THREADS * 512), 1, 1)  # threads striding over the spill list
-    spilled, = _spill(inputs=[grid, entries, count, spill_end, H, W, tw, k], template=settings[:2],
-                      output_shapes=[(4 * n, 4)], output_dtypes=[acc], grid=stride, threadgroup=group)
-    return tw, cq, k, coords, count, entries, spill_end, spilled
+    k = _capacity(n, bins, tw, mode == "nearest")
+    return _Layout(tw, cq, bins, k, [(n, 4), (2 * bins + 1,), (bins * k + 4 * n, 4)],
+                   [acc, torch.int32, acc])
 
 
-def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners):
+def _binning(x_shape, dtype, grid, mode, padding_mode, align_corners):
+    """The backward's first half, which needs no cotangent (nor x's data), for x of this shape
+    and dtype and grid (a non-empty output): (coords, count, entries). coords (N, 4): per point
+    its source coordinates and their derivatives; entries: the points' entries in their tiles'
+    slots, then the spill list; count: see gs_bin_entry."""
+    layout = _layout(x_shape, dtype, grid.shape, mode)
+    settings = [("A", layout.dtypes[0]), ("NEAREST", mode == "nearest"),
+                ("PADDING", PADDING_MODES.index(padding_mode)), ("ALIGN", align_corners)]
+    n = layout.shapes[0][0]
+    return tuple(_bin(inputs=[grid, x_shape[1], x_shape[2], layout.tw, layout.capacity], template=settings,
+                      output_shapes=layout.shapes, output_dtypes=layout.dtypes, grid=(_threads(n, 4), 1, 1),
+                      threadgroup=(_THREADS, 1, 1), init_value=[None, 0, None]))
+
+
+def _spills(x_shape, grid, layout, count, entries, mode):
+    """(spill_end, spilled): the spill list in tile order, and where each tile's spills end."""
+    bins, n = layout.bins, layout.shapes[0][0]
+    spill_end = torch.cumsum(count[bins:2 * bins], 0, dtype=torch.int32)
+    stride = (min(4 * n, _THREADS * 512), 1, 1)  # threads striding over the (usually empty) list
+    spilled, = _spill(inputs=[grid, entries, count, spill_end, x_shape[1], x_shape[2], layout.tw, layout.capacity],
+                      template=[("A", layout.dtypes[0]), ("NEAREST", mode == "nearest")],
+                      output_shapes=[(4 * n, 4)], output_dtypes=[layout.dtypes[0]], grid=stride,
+                      threadgroup=(_THREADS, 1, 1))
+    return spill_end, spilled
+
+
+def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners, binned=None):
+    """binned: the forward's (coords, count, entries), or None (the binning is done here)."""
     B, H, W, C = x.shape
     _, gH, gW, _ = grid.shape
     out_shape = (B, gH, gW, C)
@@ -781,38 +829,44 @@ def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners):
         return torch.zeros_like(x), torch.zeros_like(grid)
     x, grid = x.contiguous(), grid.contiguous()
     cotangent = cotangent.to(device=x.device, dtype=x.dtype).contiguous()
-    tw, cq, k, coords, count, entries, spill_end, spilled = _binning(x.shape, x.dtype, grid, mode,
-                                                                      padding_mode, align_corners)
-    n, bins, chunks = B * gH * gW, spill_end.numel(), -(-C // cq)
+    layout = _layout(x.shape, x.dtype, grid.shape, mode)
+    coords, count, entries = binned or _binning(x.shape, x.dtype, grid, mode, padding_mode, align_corners)
+    spill_end, spilled = _spills(x.shape, grid, layout, count, entries, mode)
+    n, chunks = B * gH * gW, -(-C // layout.cq)
     v = _vector(C, x.element_size(), x, cotangent)
     template = _template(x, mode, padding_mode, align_corners, v, _lanes(C // v, v * x.element_size()))
     nearest = mode == "nearest"
     # x_grad, tile by tile, and each entry's part of grid_grad
-    x_grad, part = _scatter(inputs=[x, cotangent, entries, spilled, count, spill_end, tw, cq, k],
+    x_grad, part = _scatter(inputs=[x, cotangent, entries, spilled, count, spill_end, layout.tw, layout.cq,
+                                    layout.capacity],
                             template=template[:5],
                             output_shapes=[x.shape, (1,) if nearest else (n, 4, chunks, 2)],
                             output_dtypes=[x.dtype, coords.dtype],
-                            grid=(bins * chunks * _SCATTER_THREADS, 1, 1),
+                            grid=(layout.bins * chunks * _SCATTER_THREADS, 1, 1),
                             threadgroup=(_SCATTER_THREADS, 1, 1))
     if nearest:  # the output is piecewise constant in grid: torch's grid_grad is zero
         return x_grad, torch.zeros_like(grid)
-    grid_grad, = _finish(inputs=[x, coords, part, tw, chunks], template=template[:2],
+    grid_grad, = _finish(inputs=[x, coords, part, layout.tw, chunks], template=template[:2],
                          output_shapes=[grid.shape], output_dtypes=[x.dtype], grid=(_threads(n, 1), 1, 1),
                          threadgroup=(_THREADS, 1, 1))
     return x_grad, grid_grad
 
 
 # The settings are keyword arguments: custom_function passes them to the rules as constants.
-# (grid_sample checked the arguments.)
+# (grid_sample checked the arguments.) With binning, the forward also returns the backward's
+# binning, (coords, count, entries), as outputs that the vjp reads (MLX's way to hand a vjp what
+# the forward computed); their cotangents are zero views, which cost nothing.
 @custom_function
-def _grid_sample(x, grid, *, mode, padding_mode, align_corners):
-    return _forward_checked(x, grid, mode, padding_mode, align_corners)
+def _grid_sample(x, grid, *, mode, padding_mode, align_corners, binning):
+    return _forward_checked(x, grid, mode, padding_mode, align_corners, binning)
 
 
 @_grid_sample.vjp
-def _grid_sample_vjp(primals, cotangent, output, *, mode, padding_mode, align_corners):
+def _grid_sample_vjp(primals, cotangents, outputs, *, mode, padding_mode, align_corners, binning):
     x, grid = primals
-    return _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners)
+    cotangent = cotangents[0] if binning else cotangents
+    return _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners,
+                             tuple(outputs[1:]) if binning else None)
 
 
 def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
@@ -822,7 +876,11 @@ def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     padding_mode "zeros" | "border" | "reflection". Differentiable in x and grid (for "nearest",
     grid's gradient is zero, as torch's). float16/bfloat16 compute in float32."""
     _check(x, grid, mode, padding_mode, align_corners)
-    return _grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    # when a gradient will be wanted, the forward's kernel bins the points for the backward too
+    binning = torch.is_grad_enabled() and (x.requires_grad or grid.requires_grad)
+    out = _grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners,
+                       binning=binning)
+    return out[0] if binning else out
 
 
 def grid_sample_torch(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
