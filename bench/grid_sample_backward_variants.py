@@ -98,7 +98,7 @@ def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
     spill_end, spilled = G._spills(x.shape, grid, layout, count, entries, args[0])
     n = B * gH * gW
     v = G._vector(C, 4, x, cot)
-    lanes = G._lanes(C // v, v * 4)
+    lanes = G._lanes(C // v, v * 4, x.device)
     template = G._template(x, *args, v, lanes)
 
     def scatter(kernel, extra=()):

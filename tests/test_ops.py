@@ -1,8 +1,10 @@
 """kernelkit.ops as library ops: grid_sample (torch.nn.functional.grid_sample parity on NHWC data)
 and matmul_add_relu (Burn's fused op), forward and backward, against plain torch."""
 
+import contextlib
 import itertools
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -118,9 +120,17 @@ def _check_backward(device, mode, padding_mode, align_corners, grid=None):
     assert x_grad.dtype == grid_grad.dtype == torch.float32
     torch.testing.assert_close(x_grad.double(), x_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(grid_grad.double(), grid_ref, rtol=1e-4, atol=1e-4)
-    # the backward alone bins them itself (_bin): the same up to the order of the sums
-    for ours, alone in zip((x_grad, grid_grad), grid_sample_backward(x, grid, cot, *args)):
-        torch.testing.assert_close(alone, ours)
+    # the backward alone (on a GPU it bins the points itself, _bin), and on the CPU also the GPU's
+    # backward by tiles
+    paths = [contextlib.nullcontext()]
+    if device.type == "cpu":
+        paths.append(mock.patch.object(sys.modules["kernelkit.ops.grid_sample"], "_per_point",
+                                       lambda device: False))
+    for path in paths:
+        with path:
+            alone = grid_sample_backward(x, grid, cot, *args)
+        for ref, other in zip((x_ref, grid_ref), alone):
+            torch.testing.assert_close(other.double(), ref, rtol=1e-4, atol=1e-4)
     if mode == "nearest":
         assert not grid_grad.any()
 
@@ -155,6 +165,16 @@ def test_grid_sample_gradcheck(device, mode, padding_mode, align_corners):
     assert torch.autograd.gradcheck(f, (x, grid), nondet_tol=1e-12)
 
 
+def _gpu_backward_on_the_cpu(monkeypatch):
+    """On the CPU backend too, the GPU's backward (by tiles) with the GPU's lanes per point (sums
+    across them by shuffles): so that CI checks them without a GPU."""
+    module = sys.modules["kernelkit.ops.grid_sample"]
+    lanes = module._lanes
+    monkeypatch.setattr(module, "_per_point", lambda device: False)
+    monkeypatch.setattr(module, "_lanes", lambda v, size, device: lanes(v, size, torch.device("cuda")))
+    return module
+
+
 @pytest.mark.parametrize("tile_bytes", [4 * 40 * 3, 4 * 40, 64], ids=["3px", "1px", "channel-chunks"])
 @pytest.mark.parametrize("mode,padding_mode,align_corners",
                          [("bilinear", "zeros", False), ("nearest", "zeros", True),
@@ -162,9 +182,21 @@ def test_grid_sample_gradcheck(device, mode, padding_mode, align_corners):
 def test_grid_sample_backward_tiles(device, monkeypatch, tile_bytes, mode, padding_mode, align_corners):
     """The backward's x_grad tiles: several per row, points whose corners straddle tiles, channels
     split into chunks."""
-    module = sys.modules["kernelkit.ops.grid_sample"]
+    module = _gpu_backward_on_the_cpu(monkeypatch)
     monkeypatch.setattr(module, "_TILE_BYTES", tile_bytes)
     _check_backward(device, mode, padding_mode, align_corners)
+
+
+@pytest.mark.parametrize("mode,padding_mode", [("bilinear", "reflection"), ("nearest", "zeros")])
+def test_grid_sample_gpu_path_on_the_cpu(monkeypatch, mode, padding_mode):
+    """On the CPU a point gets one thread and the backward works per point; the GPU's choices
+    (lanes per point, the forward binning for the backward by tiles) run there too."""
+    module = _gpu_backward_on_the_cpu(monkeypatch)
+    assert module._lanes(10, 16, torch.device("cpu")) > 1
+    x = torch.randn(2, 9, 13, 40)
+    grid = lattice_grid(2, 6, 7, "cpu", torch.float32)
+    torch.testing.assert_close(grid_sample(x, grid, mode, padding_mode), grid_sample_torch(x, grid, mode, padding_mode))
+    _check_backward(torch.device("cpu"), mode, padding_mode, False)
 
 
 @pytest.mark.parametrize("case", ["one-slot", "clustered"])
@@ -172,7 +204,7 @@ def test_grid_sample_backward_tiles(device, monkeypatch, tile_bytes, mode, paddi
 def test_grid_sample_backward_spills(device, monkeypatch, case, mode):
     """Entries past their tile's slots go through the spill list: every entry past the first of a
     tile, or the points crowded into a corner of x (their tiles fill, the others stay empty)."""
-    module = sys.modules["kernelkit.ops.grid_sample"]
+    module = _gpu_backward_on_the_cpu(monkeypatch)
     if case == "one-slot":  # and tiles of 3 pixels: entries in two tiles of a row
         monkeypatch.setattr(module, "_capacity", lambda *args: 1)
         monkeypatch.setattr(module, "_TILE_BYTES", 4 * 40 * 3)

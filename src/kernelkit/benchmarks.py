@@ -323,6 +323,7 @@ def grid_sample_figures(device: torch.device | None = None, quick: bool = False,
 
 
 def _seed_grid_sample_times(device, shape, quick: bool, tick: Tick) -> dict:
+    from .ops import grid_sample as grid_sample_op
     from .ops import grid_sample_seed as grid_sample, grid_sample_vjp
     from .ops.grid_sample import grid_sample_reference
 
@@ -459,8 +460,9 @@ def _ops_matmul_one(device, batch: int, n: int, dtype, t, tick: Tick) -> dict:
 # --- the CPU backend ---------------------------------------------------------------------------
 
 def cpu_figures(device: torch.device | None = None, quick: bool = False, tick: Tick = _no_tick) -> dict:
-    """exp (plain loops), grid_sample forward and VJP (fibers), matmul_add_relu (fibers: barriers)
-    on the CPU backend against torch; compile times."""
+    """exp (plain loops), the seed's grid_sample forward and VJP (fibers) and kernelkit.ops'
+    grid_sample, matmul_add_relu (fibers: barriers) on the CPU backend against torch; compile
+    times."""
     # exp over 64M; grid_sample at 1/16 of the seed's batch x grid (batch 8 -> 2, grid 256² -> 128²)
     n = (1 << 22) if quick else (1 << 26)
     shape = (1, 256, 256, 64, 64, 64) if quick else (2, 1024, 1024, 64, 128, 128)
@@ -486,6 +488,7 @@ def _cpu_exp(n: int, tick: Tick) -> dict:
 
 
 def _cpu_grid_sample(shape, tick: Tick) -> dict:
+    from .ops import grid_sample as grid_sample_op
     from .ops import grid_sample_seed as grid_sample, grid_sample_vjp
     from .ops.grid_sample import grid_sample_reference
 
@@ -511,10 +514,19 @@ def _cpu_grid_sample(shape, tick: Tick) -> dict:
     t_vjp = cpu_best_ms(lambda: grid_sample_vjp(x, grid, cot), 3)
     tick("cpu: grid_sample forward + backward, torch")
     t_vjp_torch = cpu_best_ms(torch_fwd_bwd, 3)
+    tick("cpu: kernelkit.ops.grid_sample")
+
+    def op_fwd_bwd():
+        return torch.autograd.grad(grid_sample_op(xr, gr), (xr, gr), cot)
+
+    err_op = max(relative_error(g, w) for g, w in zip(op_fwd_bwd(), torch_fwd_bwd()))
+    assert err_op < 1e-4, err_op
     return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]},
             "forward_ms": t_fwd, "torch_forward_ms": t_fwd_torch, "vjp_ms": t_vjp,
             "torch_forward_backward_ms": t_vjp_torch,
-            "relative_error": {"forward": err_fwd, "vjp": err_vjp}}
+            "op_forward_ms": cpu_best_ms(lambda: grid_sample_op(x, grid), 3),
+            "op_forward_backward_ms": cpu_best_ms(op_fwd_bwd, 3),
+            "relative_error": {"forward": err_fwd, "vjp": err_vjp, "op_forward_backward": err_op}}
 
 
 def _cpu_matmul(batch: int, m: int, tick: Tick) -> dict:
@@ -941,6 +953,11 @@ def _md_cpu(r: dict, path) -> list[str]:
         ref = g.get("torch_forward_backward_ms")
         rows.append(["grid_sample VJP, same shapes (fibers: `simd_sum`)", _ms(g["vjp_ms"]),
                      f"{_ms(ref)} (`F.grid_sample` forward + backward)" if ref else "", ""])
+        if g.get("op_forward_ms"):
+            rows.append(["`kernelkit.ops.grid_sample` forward, same shapes", _ms(g["op_forward_ms"]),
+                         f"{_ms(g['torch_forward_ms'])}", ""])
+            rows.append(["`kernelkit.ops.grid_sample` forward + backward (fibers: barriers)",
+                         _ms(g["op_forward_backward_ms"]), f"{_ms(ref)}" if ref else "", ""])
     m = r.get("matmul_add_relu")
     if m:
         rows.append([f"matmul_add_relu {m.get('dtype', 'float32')}, {m['batch']} × {m['m']}×{m['k']} @ "

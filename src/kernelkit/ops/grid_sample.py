@@ -639,6 +639,60 @@ FINISH_SOURCE = """
     grid_grad[2 * p + 1] = T(A(coords[4 * p + 3]) * giy);
 """
 
+# _vjp_points, the CPU's backward: one thread per point adds its contributions to x_grad with
+# atomics (x_grad zero-filled, in A: float16/bfloat16 data converts it after) and sums its grid
+# gradient itself. No barriers: the CPU backend runs it as plain loops (the tile backward above
+# needs fibers there, and its threadgroups cost more than its atomics save on two cores).
+POINTS_SOURCE = """
+    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
+    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
+    const uint64_t p = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= uint64_t(grid_shape[0]) * per_image) return;
+    A gmx, gmy;
+    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
+    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
+    const int64_t image = int64_t(unsigned(p) / per_image) * H * W * C;
+    const T* g = cotangent + p * C;
+    if (NEAREST) {  // grid's gradient is zero
+        const int xn = int(rint(ix)), yn = int(rint(iy));
+        if (xn >= 0 && xn < W && yn >= 0 && yn < H) {
+            A* dst = x_grad + image + (int64_t(yn) * W + xn) * C;
+            for (int c = 0; c < C; c += V) {
+                A go[V];
+                gs_ld<V>(g + c, go);
+                for (int i = 0; i < V; ++i) atomicAdd(&dst[c + i], go[i]);
+            }
+        }
+        grid_grad[2 * p] = T(0);
+        grid_grad[2 * p + 1] = T(0);
+        return;
+    }
+    const int x0 = int(floor(ix)), y0 = int(floor(iy));
+    const int x1 = x0 + 1, y1 = y0 + 1;
+    const A ax = A(x1) - ix, bx = ix - A(x0), ay = A(y1) - iy, by = iy - A(y0);
+    // the corners nw, ne, sw, se: offset in the image, weight, and PyTorch's gradient terms
+    const int64_t at[4] = {(int64_t(y0) * W + x0) * C, (int64_t(y0) * W + x1) * C,
+                           (int64_t(y1) * W + x0) * C, (int64_t(y1) * W + x1) * C};
+    const bool in[4] = {y0 >= 0 && y0 < H && x0 >= 0 && x0 < W, y0 >= 0 && y0 < H && x1 >= 0 && x1 < W,
+                        y1 >= 0 && y1 < H && x0 >= 0 && x0 < W, y1 >= 0 && y1 < H && x1 >= 0 && x1 < W};
+    const A w[4] = {ax * ay, bx * ay, ax * by, bx * by};
+    const A dx[4] = {-ay, ay, -by, by}, dy[4] = {-ax, -bx, ax, bx};
+    A gix = A(0), giy = A(0);
+    for (int c = 0; c < C; c += V) {
+        A go[V], v[V];
+        gs_ld<V>(g + c, go);
+        for (int k = 0; k < 4; ++k) {
+            if (!in[k]) continue;
+            A* dst = x_grad + image + at[k] + c;
+            for (int i = 0; i < V; ++i) atomicAdd(&dst[i], w[k] * go[i]);
+            gs_ld<V>(x + image + at[k] + c, v);
+            for (int i = 0; i < V; ++i) { gix += v[i] * dx[k] * go[i]; giy += v[i] * dy[k] * go[i]; }
+        }
+    }
+    grid_grad[2 * p] = T(gmx * gix);
+    grid_grad[2 * p + 1] = T(gmy * giy);
+"""
+
 # "relaxed" math: FMA contraction as nvcc compiles PyTorch's kernels, and IEEE division.
 _OPTIONS = {"math_mode": "relaxed"}
 # Shared memory of a _scatter threadgroup: its tile of x_grad, in A. (12 KiB and 128 threads: 16
@@ -660,6 +714,9 @@ _scatter = cuda_kernel(name="grid_sample_nhwc_scatter",
                                     "capacity"],
                        output_names=["x_grad", "part"], source=SCATTER_SOURCE, header=HEADER,
                        shared_memory=_TILE_BYTES, compile_options=_OPTIONS)
+_vjp_points = cuda_kernel(name="grid_sample_nhwc_vjp_points", input_names=["x", "grid", "cotangent"],
+                          output_names=["x_grad", "grid_grad"], source=POINTS_SOURCE, header=HEADER,
+                          compile_options=_OPTIONS)
 _finish = cuda_kernel(name="grid_sample_nhwc_finish",
                       input_names=["x", "coords", "part", "tile_w", "n_chunks"], output_names=["grid_grad"],
                       source=FINISH_SOURCE, header=HEADER, compile_options=_OPTIONS)
@@ -680,14 +737,22 @@ def _vector(C: int, itemsize: int, *tensors) -> int:
     return 1
 
 
-def _lanes(vectors: int, size: int) -> int:
-    """Lanes per point for `vectors` accesses of `size` bytes each: a power of two up to 32 (a
-    warp), at least 32 bytes per access of the point's lanes (a memory sector) where there are
-    enough, with the fewest idle lanes."""
+def _lanes(vectors: int, size: int, device: torch.device) -> int:
+    """Lanes per point for `vectors` accesses of `size` bytes each: on a GPU a power of two up to
+    32 (a warp), at least 32 bytes per access of the point's lanes (a memory sector) where there
+    are enough, with the fewest idle lanes; on the CPU one (a CPU thread loops over the channels
+    faster than the backend runs more threads: 3x for the forward at 64 channels)."""
+    if device.type == "cpu":
+        return 1
     cap = min(32, 1 << max(vectors - 1, 0).bit_length())
     floor_ = min(cap, max(1, 32 // size))
     options = [cl for cl in (32, 16, 8, 4, 2, 1) if floor_ <= cl <= cap]
     return min(options, key=lambda cl: (-(-vectors // cl) * cl, -cl))
+
+
+def _per_point(device: torch.device) -> bool:
+    """Whether the backward runs per point (_vjp_points, on the CPU) rather than per tile."""
+    return device.type == "cpu"
 
 
 def _template(x, mode, padding_mode, align_corners, v, lanes):
@@ -733,7 +798,7 @@ def _forward_checked(x, grid, mode, padding_mode, align_corners, binning=False):
         return (out, *(x.new_empty(0) for _ in range(3))) if binning else out
     x = x.contiguous()  # (the kernel would copy it anyway) the data whose alignment counts
     v = _vector(C, x.element_size(), x)  # the output is a fresh allocation: aligned
-    lanes = _lanes(C // v, v * x.element_size())
+    lanes = _lanes(C // v, v * x.element_size(), x.device)
     template = _template(x, mode, padding_mode, align_corners, v, lanes)
     threads = (_threads(B * gH * gW, lanes), 1, 1)
     if not binning:
@@ -829,12 +894,19 @@ def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners, bin
         return torch.zeros_like(x), torch.zeros_like(grid)
     x, grid = x.contiguous(), grid.contiguous()
     cotangent = cotangent.to(device=x.device, dtype=x.dtype).contiguous()
+    v = _vector(C, x.element_size(), x, cotangent)
+    template = _template(x, mode, padding_mode, align_corners, v, _lanes(C // v, v * x.element_size(), x.device))
+    n = B * gH * gW
+    if _per_point(x.device):
+        x_grad, grid_grad = _vjp_points(inputs=[x, grid, cotangent], template=template[:3] + template[4:],
+                                        output_shapes=[x.shape, grid.shape], output_dtypes=[template[1][1], x.dtype],
+                                        grid=(_threads(n, 1), 1, 1), threadgroup=(_THREADS, 1, 1),
+                                        init_value=[0, None])
+        return x_grad.to(x.dtype), grid_grad
     layout = _layout(x.shape, x.dtype, grid.shape, mode)
     coords, count, entries = binned or _binning(x.shape, x.dtype, grid, mode, padding_mode, align_corners)
     spill_end, spilled = _spills(x.shape, grid, layout, count, entries, mode)
-    n, chunks = B * gH * gW, -(-C // layout.cq)
-    v = _vector(C, x.element_size(), x, cotangent)
-    template = _template(x, mode, padding_mode, align_corners, v, _lanes(C // v, v * x.element_size()))
+    chunks = -(-C // layout.cq)
     nearest = mode == "nearest"
     # x_grad, tile by tile, and each entry's part of grid_grad
     x_grad, part = _scatter(inputs=[x, cotangent, entries, spilled, count, spill_end, layout.tw, layout.cq,
@@ -877,7 +949,7 @@ def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     grid's gradient is zero, as torch's). float16/bfloat16 compute in float32."""
     _check(x, grid, mode, padding_mode, align_corners)
     # when a gradient will be wanted, the forward's kernel bins the points for the backward too
-    binning = torch.is_grad_enabled() and (x.requires_grad or grid.requires_grad)
+    binning = torch.is_grad_enabled() and (x.requires_grad or grid.requires_grad) and not _per_point(x.device)
     out = _grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners,
                        binning=binning)
     return out[0] if binning else out
