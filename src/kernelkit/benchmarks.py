@@ -956,7 +956,7 @@ def _md_cpu(r: dict, path) -> list[str]:
         if g.get("op_forward_ms"):
             rows.append(["`kernelkit.ops.grid_sample` forward, same shapes", _ms(g["op_forward_ms"]),
                          f"{_ms(g['torch_forward_ms'])}", ""])
-            rows.append(["`kernelkit.ops.grid_sample` forward + backward (fibers: barriers)",
+            rows.append(["`kernelkit.ops.grid_sample` forward + backward (plain loops, atomics)",
                          _ms(g["op_forward_backward_ms"]), f"{_ms(ref)}" if ref else "", ""])
     m = r.get("matmul_add_relu")
     if m:
