@@ -134,6 +134,33 @@ def test_poisoned_outputs_on_the_fast_path_show_unwritten_elements(device):
         assert torch.equal(out[:8], x[:8]) and out[8:].isnan().all()
 
 
+def test_repeated_calls_with_init_value_take_the_fast_path(device, monkeypatch):
+    """init_value (one for all outputs, or one or None per output) is part of a plan: repeated
+    calls fill their fresh outputs without the general path, each value with its own plan."""
+    k = kk.metal_kernel(name="fast_fill", input_names=["inp"], output_names=["out", "hits"],
+                        source="uint i = thread_position_in_grid.x;"
+                               "atomic_store_explicit(&out[i], inp[i], memory_order_relaxed);"
+                               "atomic_fetch_add_explicit(&hits[i % 2], 1, memory_order_relaxed);",
+                        atomic_outputs=True)
+    x = torch.randn(16, device=device)
+
+    def call(init):
+        return k(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(16,), (3,)],
+                 output_dtypes=[torch.float32, torch.int32], init_value=init)
+    general = kernel.Kernel._call
+    for init, rest, hits in [(5, 5.0, [9, 9, 5]), ([-1.5, 0], -1.5, [4, 4, 0]), (0, 0.0, [4, 4, 0])]:
+        for i in range(4):
+            if i == 3:  # by now a plan: the general path is not taken
+                monkeypatch.setattr(kernel.Kernel, "_call", lambda *a, **kw: pytest.fail("general path"))
+            out, got = call(init)
+            assert torch.equal(out[:8], x[:8]) and (out[8:] == rest).all()
+            assert got.tolist() == hits
+            monkeypatch.setattr(kernel.Kernel, "_call", general)
+    assert len(k._filled_plans) == 3 and all(len(p) == 1 for p in k._filled_plans.values())
+    call(torch.tensor(2.0, device=device))  # a tensor value is not a key: the general path
+    assert len(k._filled_plans) == 3
+
+
 def test_the_compiled_cuda_launcher_builds_here():
     """CI has no GPU, but proves the launcher extension compiles and loads."""
     module = fastcall.module()
@@ -165,7 +192,7 @@ def test_the_compiled_launcher_packs_as_the_python_packer(uses):
     tail = (1000, 3, 2, 4096)
     plan = module.make_plan(0, 0, (1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block(tail),
                             (torch.empty(()), torch.empty((), dtype=torch.int32)), torch.Size,
-                            lambda i: 0, 0, None, lambda err: None, torch.empty_like)
+                            lambda i: 0, 0, (None, None), lambda err: None, torch.empty_like)
     assert module.pack(plan, inputs, outputs) == sig.packer()(inputs, outputs, tail)
     with pytest.raises(OverflowError, match="int32"):
         module.pack(plan, [a, 1.0, inputs[2], 2**40, True], outputs)
@@ -257,12 +284,15 @@ def test_a_plan_refuses_too_few_inputs_or_outputs():
     sig = Signature([("a", InputSpec(f32, False, False, 8)), ("b", InputSpec(f32, False, False, 8))],
                     [("out", f32)], False, [], {"thread_position_in_grid"})
     args = ((1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block((1, 1, 1, 0)))
-    plan = module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, None,
+    plan = module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, (None,),
                             lambda err: None, torch.empty_like)
     with pytest.raises(ValueError, match="fewer inputs or outputs"):
         module.pack(plan, [torch.empty(2)], [torch.empty(2)])
     with pytest.raises(ValueError, match="fewer inputs or outputs"):
         module.pack(plan, [torch.empty(2), torch.empty(2)], [])
     with pytest.raises(ValueError, match="more output fields than prototypes"):
-        module.make_plan(0, 0, *args, (), torch.Size, lambda i: 0, 0, None, lambda err: None,
+        module.make_plan(0, 0, *args, (), torch.Size, lambda i: 0, 0, (), lambda err: None,
+                         torch.empty_like)
+    with pytest.raises(TypeError, match="bad arguments"):  # a prepare entry per prototype
+        module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, (), lambda err: None,
                          torch.empty_like)

@@ -127,7 +127,7 @@ struct Plan {
   PyObject* shape_type;   // torch.Size
   PyObject* stream;       // stream(index) -> torch's current raw stream
   PyObject* index;        // the device index, a Python int
-  PyObject* poison;       // None, or poison(tensor) for each new output
+  PyObject* prepare;      // per output: None, or prepare(tensor) for each new one (fill, poison)
   PyObject* failed;       // failed(CUresult): raises
   Py_ssize_t n_inputs = 0, n_outputs = 0;  // the sequences' least lengths the fields read
 };
@@ -148,7 +148,7 @@ void destroy(Plan* plan) {
   Py_XDECREF(plan->shape_type);
   Py_XDECREF(plan->stream);
   Py_XDECREF(plan->index);
-  Py_XDECREF(plan->poison);
+  Py_XDECREF(plan->prepare);
   Py_XDECREF(plan->failed);
   delete plan;
 }
@@ -158,10 +158,11 @@ void plan_free(PyObject* capsule) {
 }
 
 // make_plan(fn, ctx, dims(7 ints), fields((kind, index, offset, capacity), ...), block(bytes),
-//           prototypes(tuple), shape_type, stream, index, poison, failed, empty_like) -> capsule
+//           prototypes(tuple), shape_type, stream, index, prepare(tuple), failed, empty_like) -> capsule
 PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 12 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 7 ||
-      !PyTuple_Check(args[3]) || !PyBytes_Check(args[4]) || !PyTuple_Check(args[5])) {
+      !PyTuple_Check(args[3]) || !PyBytes_Check(args[4]) || !PyTuple_Check(args[5]) ||
+      !PyTuple_Check(args[9]) || PyTuple_GET_SIZE(args[9]) != PyTuple_GET_SIZE(args[5])) {
     PyErr_SetString(PyExc_TypeError, "make_plan: bad arguments");
     return nullptr;
   }
@@ -187,7 +188,7 @@ PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     plan->shaped.push_back(nullptr);
   }
   plan->empty_like = Py_NewRef(args[11]);
-  PyObject** refs[] = {&plan->shape_type, &plan->stream, &plan->index, &plan->poison, &plan->failed};
+  PyObject** refs[] = {&plan->shape_type, &plan->stream, &plan->index, &plan->prepare, &plan->failed};
   for (int i = 0; i < 5; ++i) {
     Py_INCREF(args[6 + i]);
     *refs[i] = args[6 + i];
@@ -381,8 +382,9 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
       Py_RETURN_NONE;
     }
     PyList_SET_ITEM(outputs, i, out);
-    if (plan->poison != Py_None) {
-      PyObject* r = PyObject_CallOneArg(plan->poison, out);
+    PyObject* prepare = PyTuple_GET_ITEM(plan->prepare, i);
+    if (prepare != Py_None) {
+      PyObject* r = PyObject_CallOneArg(prepare, out);
       if (r == nullptr) goto fail;
       Py_DECREF(r);
     }

@@ -65,6 +65,7 @@ class Kernel:
         self._variants: dict[tuple, Variant] = {}
         self._checked: dict[tuple, object] = {}  # call arguments already validated
         self._plans: dict[tuple, object] = {}  # plain calls already made: run(inputs, shapes)
+        self._filled_plans: dict[tuple, dict] = {}  # the same for calls with an init_value, by value
         self._seen: set[tuple] = set()  # keys of plain calls made once
 
     # --- construction checks ----------------------------------------------------------------
@@ -103,20 +104,34 @@ class Kernel:
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
                  init_value=None, verbose: bool = False, stream=None, ensure_row_contiguous=None,
                  check_bounds=None, timeout=None):
-        key = None
-        if init_value is None and stream is None and ensure_row_contiguous is None and not verbose \
-                and check_bounds is None and timeout is None:
-            # The fast path: a plain call like an earlier one runs that call's plan.
-            key = _fast_call(self._plans, inputs, output_shapes, output_dtypes, grid, threadgroup,
-                             template)
-            if type(key) is list:  # the outputs
-                return key
+        key = plans = None
+        if stream is None and ensure_row_contiguous is None and not verbose and check_bounds is None \
+                and timeout is None:
+            # The fast path: a plain call like an earlier one (init_value included) runs that
+            # call's plan.
+            plans = self._plans if init_value is None else self._plans_filled(init_value)
+            if plans is not None:
+                key = _fast_call(plans, inputs, output_shapes, output_dtypes, grid, threadgroup, template)
+                if type(key) is list:  # the outputs
+                    return key
         return self._call(inputs, output_shapes, output_dtypes, grid, threadgroup, template,
-                          init_value, verbose, stream, ensure_row_contiguous, key,
+                          init_value, verbose, stream, ensure_row_contiguous, key, plans,
                           check_bounds, timeout)
 
+    def _plans_filled(self, init_value) -> dict | None:
+        """The plans of calls with this init_value; None for one that is no key (a tensor)."""
+        values = tuple(init_value) if isinstance(init_value, (list, tuple)) else (init_value,)
+        if any(isinstance(v, torch.Tensor) for v in values):
+            return None
+        key = (type(init_value), *((type(v), v) for v in values))  # 1, 1.0 and True apart
+        try:
+            return self._filled_plans.setdefault(key, {})
+        except TypeError:  # unhashable: the general path says what is wrong
+            return None
+
     def _call(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template, init_value,
-              verbose, stream, ensure_row_contiguous, plan_key, check_bounds=None, timeout=None):
+              verbose, stream, ensure_row_contiguous, plan_key, plans=None, check_bounds=None,
+              timeout=None):
         """The general path: every argument checked and converted, the variant found or built."""
         c = self.caller
         inputs = self._sequence(inputs, "inputs", len(self.input_names))
@@ -165,20 +180,20 @@ class Kernel:
         # A call the fast path can repeat: arrays used as given, only torch tensors and scalars.
         # A plan is made when such a call comes again (a call made once costs nothing more), and
         # waits for fastcall's extension (built in the background on first use).
-        if plan_key is not None and self._repeated(plan_key) and _fast_call_ready() and all(
-                t is x and (type(x) is torch.Tensor or arrays.is_scalar(x))
-                for t, x in zip(tensors, inputs)):
+        if plan_key is not None and self._repeated((id(plans), plan_key)) and _fast_call_ready() \
+                and all(t is x and (type(x) is torch.Tensor or arrays.is_scalar(x))
+                        for t, x in zip(tensors, inputs)):
             prototypes = tuple(torch.empty((), dtype=d.torch, device=device) for d in out_dtypes)
-            poison = _poison if _POISON else None
-            self._plans[plan_key] = backend.compiled_plan(
+            prepare = tuple(_filler(f) if f is not None else _poison if _POISON else None for f in fills)
+            plans[plan_key] = backend.compiled_plan(
                 variant.program, grid, group, self.shared_memory, self.name, variant.signature,
-                prototypes, poison) or _Plan(prototypes, poison, variant.pack, tail, launch).run
+                prototypes, prepare) or _Plan(prototypes, prepare, variant.pack, tail, launch).run
         if numpy_in:
             return [arrays.to_numpy(o) for o in outputs]
         return outputs
 
     def _repeated(self, plan_key) -> bool:
-        """Whether a plain call with this key came before."""
+        """Whether a plain call with this key (and plans) came before."""
         if plan_key in self._seen:
             return True
         self._seen.add(plan_key)
@@ -374,12 +389,13 @@ class _Plan:
     """Everything of a plain call but its arrays, kept after a first call made the general way:
     `run` allocates the outputs, packs and launches. (The CUDA backend has the same in C.)"""
 
-    __slots__ = ("prototypes", "poison", "pack", "tail", "launch")
+    __slots__ = ("prototypes", "prepare", "pack", "tail", "launch")
 
-    def __init__(self, prototypes, poison, pack, tail, launch):
-        # new_empty on a 0-d tensor of the output's dtype and device: quicker than torch.empty
-        self.prototypes, self.poison, self.pack, self.tail, self.launch = (
-            prototypes, poison, pack, tail, launch)
+    def __init__(self, prototypes, prepare, pack, tail, launch):
+        # new_empty on a 0-d tensor of the output's dtype and device: quicker than torch.empty;
+        # prepare: per output, None or what fills a new one (init_value, or the tests' poison)
+        self.prototypes, self.prepare, self.pack, self.tail, self.launch = (
+            prototypes, prepare, pack, tail, launch)
 
     def run(self, inputs, output_shapes):
         """The outputs, or None when the shapes need the general path's checks."""
@@ -393,9 +409,9 @@ class _Plan:
                 outputs.append(proto.new_empty(shape))
             except (TypeError, RuntimeError):  # negative or non-int sizes: reported by _shape
                 return None
-        if self.poison is not None:
-            for o in outputs:
-                self.poison(o)
+        for o, prepare in zip(outputs, self.prepare):
+            if prepare is not None:
+                prepare(o)
         try:
             block = self.pack(inputs, outputs, self.tail)
         except struct.error:  # a Python int beyond int32: the general path says so
@@ -413,6 +429,11 @@ def _memo(cache: dict, key, compute):
         return value
     except TypeError:
         return compute()
+
+
+def _filler(value):
+    """What fills a new output with its init_value."""
+    return lambda t: t.fill_(value)
 
 
 def _poison(t: torch.Tensor) -> None:

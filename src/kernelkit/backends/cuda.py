@@ -348,7 +348,7 @@ class CudaBackend:
 
 
     def compiled_plan(self, program, grid, group, shared: int, name: str, signature, prototypes,
-                      poison):
+                      prepare):
         """A repeated plain call's plan in C (fastcall.cpp's make_plan), or None without the
         compiled launcher. Called after `launcher` set the shared limit."""
         module = compiled_launcher()
@@ -359,7 +359,7 @@ class CudaBackend:
         plan = module.make_plan(
             int(program.func), dev._context_int, (*blocks, *group, shared), signature.fill_table(),
             signature.constant_block((*grid, shared)), prototypes, torch.Size,
-            _raw_stream or _current_stream, dev.index, poison,
+            _raw_stream or _current_stream, dev.index, prepare,
             functools.partial(_launch_failed, device=dev, name=name), torch.empty_like)
         return plan
 
