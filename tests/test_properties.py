@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kernelkit as kk
@@ -410,7 +410,7 @@ def run_signature_case(plan, out_dtypes, tvalues, calls):
         if plan["dialect"] == "cuda":
             acc += sum(100 + k for k in range(len(plan["attrs"])))
         for j, d in enumerate(out_dtypes):
-            got = results[j].reshape(-1)
+            got = results[j].reshape(-1).cpu()  # on the GPU when no input is an array and one exists
             want = (acc + j).to(dtype_of(d).torch)
             cmp = torch.float64 if want.dtype.is_floating_point else torch.int64
             assert torch.equal(got.to(cmp), want.to(cmp)), (j, d, got, want)
@@ -427,11 +427,17 @@ def run_signature_case(plan, out_dtypes, tvalues, calls):
             model = _attribute_model(grid, group)
             want = torch.tensor([[r[a] if c is None else r[a]["xyz".index(c)] for a, c in _attr_columns(plan)]
                                  for r in model], dtype=torch.int64)
-            assert torch.equal(results[-1].to(torch.int64), want)
+            assert torch.equal(results[-1].cpu().to(torch.int64), want)
 
 
 @COMPILING
 @given(signature_cases(kernel_plans()))
+# found on the GPU machine: no array input, so the outputs are on the GPU
+@example(({"dialect": "metal", "inputs": [{"kind": "py", "dtype": "bool", "mentions": frozenset(), "weight": 1,
+                                           "idx": "uint"}], "n_vals": 1, "templates": [], "recipe": "grid",
+           "attrs": []},
+          ["bool"], [], [{"inputs": [("py", False)], "grid": (1, 1, 1), "group": (1, 1, 1), "seed": 0,
+                          "contiguous": False, "shaped": False}]))
 def test_signature_random_kernels(case):
     """Random inputs (dtypes, arrays / 0-d / scalars), helper mentions, templates, attributes and
     output dtypes: one compile per example, each launched on 1-3 random non-contiguous views."""
