@@ -125,7 +125,7 @@ class Preconditions:
             count = f"at least {len(dims)}" if leading else str(len(dims))
             self.fail(f"{name} has shape {got}; expected {count} dims {self._pattern(spec)}.")
         offset = len(got) - len(dims)
-        pattern = self._pattern(spec)  # before this tensor binds anything
+        before = dict(self.dims)  # a message shows the dims bound before this tensor
         for i, (want, size) in enumerate(zip(dims, got[offset:])):
             at = offset + i
             if want is None:
@@ -136,19 +136,22 @@ class Preconditions:
                     self.dims[want], self._bound_by[want] = size, name
                 elif size != bound:
                     where = "" if self._bound_by[want] == name else f" (as in {self._bound_by[want]})"
-                    self.fail(f"{name} has shape {got}; expected {pattern}: dim {at} is {size}, "
-                              f"expected {want}={bound}{where}.")
+                    self.fail(f"{name} has shape {got}; expected {self._pattern(spec, before)}: dim {at} "
+                              f"is {size}, expected {want}={bound}{where}.")
             elif size != want:
-                self.fail(f"{name} has shape {got}; expected {pattern}: dim {at} is {size}, expected {want}.")
+                self.fail(f"{name} has shape {got}; expected {self._pattern(spec, before)}: dim {at} is "
+                          f"{size}, expected {want}.")
 
-    def _pattern(self, spec: tuple) -> str:
+    def _pattern(self, spec: tuple, dims: dict | None = None) -> str:
+        dims = self.dims if dims is None else dims
+
         def one(d):
             if d is Ellipsis:
                 return "..."
             if d is None:
                 return "*"
             if isinstance(d, str):
-                return f"{d}={self.dims[d]}" if d in self.dims else d
+                return f"{d}={dims[d]}" if d in dims else d
             return str(d)
         return "(" + ", ".join(one(d) for d in spec) + (",)" if len(spec) == 1 else ")")
 
