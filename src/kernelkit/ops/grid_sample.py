@@ -219,7 +219,8 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 # - one thread per (output point, lane) with L lanes per point, each lane handling V
 #   consecutive channels at a time (one access of 4 to 16 bytes: a float4 for float32 data
 #   with C % 4 == 0) and looping over the channels lane * V, (lane + L) * V...: the coordinate
-#   math is shared by a point's channels, and consecutive lanes touch consecutive channels;
+#   math is shared by a point's channels, and consecutive lanes touch consecutive channels
+#   (on the CPU backend L is 1: a thread loops over the channels);
 # - the backward writes every element of x_grad exactly once, from shared memory, instead of
 #   zero-filling x_grad and scattering into it with device atomics (which reads back from
 #   memory every line the scatter touches: half a GiB more traffic at the seed's size). The
@@ -227,13 +228,15 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 #   of one row by CQ channels; a point reaches at most 2 rows x 2 tiles, its "entries"), and
 #   one threadgroup per tile zeroes the tile in shared memory, adds its entries' contributions
 #   there (shared-memory atomics: entries of a tile collide), adds up each entry's part of
-#   grid's gradient (warp shuffles over the entry's lanes) and stores the tile.
+#   grid's gradient (warp shuffles over the entry's lanes) and stores the tile. On the CPU
+#   backend the backward is per point instead (_vjp_points, below): no barriers, no fibers.
 #
 # The backward, kernel by kernel (N points, `bins` tiles):
-#   _bin      per point: its source coordinates and their derivatives (`coords`), and its
-#             entries, each into a free slot of its tile (an atomic increment of the tile's
-#             count gives the slot); a tile holds `capacity` slots, sized for the tile's share of
-#             the points if they spread evenly, and entries past them go to a spill list.
+#   _bin      per point (a thread per entry): its source coordinates and their derivatives
+#             (`coords`), and its entries, each into a free slot of its tile (an atomic
+#             increment of the tile's count gives the slot); a tile holds `capacity` slots,
+#             sized for the tile's share of the points if they spread evenly, and entries past
+#             them go to a spill list.
 #             When grid_sample's caller will want a gradient, the forward's kernel does this
 #             instead (_sample_bin: the point's lanes take its entries while its loads are in
 #             flight) and hands it to the vjp as extra outputs.
@@ -243,9 +246,9 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 #   _finish   per point (bilinear): grid_grad, the sum of its entries' parts
 # (Fixed slots replaced a rank array, a cumsum over all tiles and a pass placing every entry:
 # 10 us less at the seed's size on the H100, and _scatter loads a tile's count and first entries
-# at once. _scatter itself did not get faster: see BENCHMARKS.md's notes on the backward.)
-# Every kernel after _bin reads the coordinates _bin stored, so they agree on every point's
-# entries, bit for bit.
+# at once. _scatter itself did not get faster: bench/notes/grid_sample_backward.md.)
+# Every kernel after the binning reads the coordinates it stored, so they agree on every
+# point's entries, bit for bit.
 # The forward and the full op are cuda_kernel bodies (CUDA C++: vector loads through the
 # read-only cache, warp shuffles, dynamic shared memory); they run on the CPU backend too.
 
