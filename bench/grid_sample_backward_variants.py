@@ -94,7 +94,7 @@ def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
     args = ("bilinear", "zeros", False)
     layout = G._layout(x.shape, x.dtype, grid.shape, args[0])
     tw, cq, k, bins = layout.tw, layout.cq, layout.capacity, layout.bins
-    coords, count, entries = G._binning(x.shape, x.dtype, grid, *args)
+    coords, count, entries = G._binning(layout, x.shape, grid, *args)
     spill_end, spilled = G._spills(x.shape, grid, layout, count, entries, args[0])
     n = B * gH * gW
     v = G._vector(C, 4, x, cot)
@@ -128,7 +128,7 @@ def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
     rows = [
         ("forward", lambda: G._forward_checked(x, grid, *args)),
         ("forward, then the binning (_bin)", lambda: (G._forward_checked(x, grid, *args),
-                                                       G._binning(x.shape, x.dtype, grid, *args))),
+                                                       G._binning(layout, x.shape, grid, *args))),
         ("forward binning too (the op when a gradient is wanted)",
          lambda: G._forward_checked(x, grid, *args, binning=True)),
         ("backward, binning itself", lambda: G._backward_checked(x, grid, cot, *args)),

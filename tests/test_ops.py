@@ -211,7 +211,8 @@ def test_grid_sample_backward_spills(device, monkeypatch, case, mode):
         grid = lattice_grid(2, 6, 7, device, torch.float32)
     else:  # in [-0.75, -0.25]: rows 0 to 3 of 9
         grid = lattice_grid(2, 6, 7, device, torch.float32, reach=0.25) - 0.5
-    count = module._binning((2, 9, 13, 40), torch.float32, grid, mode, "border", False)[1]
+    layout = module._layout((2, 9, 13, 40), torch.float32, grid.shape, mode)
+    count = module._binning(layout, (2, 9, 13, 40), grid, mode, "border", False)[1]
     assert count[-1] > 0  # entries spilled
     _check_backward(device, mode, "border", False, grid)
 

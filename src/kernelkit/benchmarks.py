@@ -323,7 +323,6 @@ def grid_sample_figures(device: torch.device | None = None, quick: bool = False,
 
 
 def _seed_grid_sample_times(device, shape, quick: bool, tick: Tick) -> dict:
-    from .ops import grid_sample as grid_sample_op
     from .ops import grid_sample_seed as grid_sample, grid_sample_vjp
     from .ops.grid_sample import grid_sample_reference
 

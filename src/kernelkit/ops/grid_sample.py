@@ -862,12 +862,11 @@ def _layout(x_shape, dtype, grid_shape, mode) -> _Layout:
                    [acc, torch.int32, acc])
 
 
-def _binning(x_shape, dtype, grid, mode, padding_mode, align_corners):
+def _binning(layout, x_shape, grid, mode, padding_mode, align_corners):
     """The backward's first half, which needs no cotangent (nor x's data), for x of this shape
-    and dtype and grid (a non-empty output): (coords, count, entries). coords (N, 4): per point
-    its source coordinates and their derivatives; entries: the points' entries in their tiles'
-    slots, then the spill list; count: see gs_bin_entry."""
-    layout = _layout(x_shape, dtype, grid.shape, mode)
+    (its _layout) and grid (a non-empty output): (coords, count, entries). coords (N, 4): per
+    point its source coordinates and their derivatives; entries: the points' entries in their
+    tiles' slots, then the spill list; count: see gs_bin_entry."""
     settings = [("A", layout.dtypes[0]), ("NEAREST", mode == "nearest"),
                 ("PADDING", PADDING_MODES.index(padding_mode)), ("ALIGN", align_corners)]
     n = layout.shapes[0][0]
@@ -907,7 +906,7 @@ def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners, bin
                                         init_value=[0, None])
         return x_grad.to(x.dtype), grid_grad
     layout = _layout(x.shape, x.dtype, grid.shape, mode)
-    coords, count, entries = binned or _binning(x.shape, x.dtype, grid, mode, padding_mode, align_corners)
+    coords, count, entries = binned or _binning(layout, x.shape, grid, mode, padding_mode, align_corners)
     spill_end, spilled = _spills(x.shape, grid, layout, count, entries, mode)
     chunks = -(-C // layout.cq)
     nearest = mode == "nearest"
