@@ -311,6 +311,33 @@ def test_multiple_outputs_unused_and_integer_outputs():
     close(y.grad, x)
 
 
+def test_missing_cotangents_share_one_zero(device):
+    """Missing cotangents cost no fill after the first: one zero per dtype and device, seen through
+    zero strides; a write into such a view fails, and a zero written all the same is made again."""
+    seen = []
+
+    @kk.custom_function
+    def f(x):
+        return x * 2, x * 3
+
+    @f.vjp
+    def _(primals, cotangents, outputs):
+        seen.append(cotangents[1])
+        return cotangents[0] * 2 + cotangents[1] * 3
+
+    x = torch.randn(5, device=device, requires_grad=True)
+    for _ in range(2):
+        f(x)[0].sum().backward()
+    first, second = seen
+    assert first.data_ptr() == second.data_ptr() and not second.any()
+    with pytest.raises(RuntimeError, match="more than one element"):
+        second.add_(1)
+    first._base.fill_(1)  # written through the zero itself
+    f(x)[0].sum().backward()
+    assert not seen[-1].any() and seen[-1].stride() == (0,)
+    close(x.grad, torch.full_like(x, 6.0))
+
+
 def test_non_tensor_arguments_pass_through():
     seen = {}
 

@@ -199,15 +199,16 @@ def test_grid_sample_gpu_path_on_the_cpu(monkeypatch, mode, padding_mode):
     _check_backward(torch.device("cpu"), mode, padding_mode, False)
 
 
-@pytest.mark.parametrize("case", ["one-slot", "clustered"])
+@pytest.mark.parametrize("case", ["one-slot", "one-slot-chunks", "clustered"])
 @pytest.mark.parametrize("mode", MODES)
 def test_grid_sample_backward_spills(device, monkeypatch, case, mode):
     """Entries past their tile's slots go through the spill list: every entry past the first of a
-    tile, or the points crowded into a corner of x (their tiles fill, the others stay empty)."""
+    tile (tiles of 3 pixels: entries in two tiles of a row; or of 16 channels: a tile's channels
+    in chunks), or the points crowded into a corner of x (their tiles fill, the others stay empty)."""
     module = _gpu_backward_on_the_cpu(monkeypatch)
-    if case == "one-slot":  # and tiles of 3 pixels: entries in two tiles of a row
+    if case.startswith("one-slot"):
         monkeypatch.setattr(module, "_capacity", lambda *args: 1)
-        monkeypatch.setattr(module, "_TILE_BYTES", 4 * 40 * 3)
+        monkeypatch.setattr(module, "_TILE_BYTES", 4 * 40 * 3 if case == "one-slot" else 64)
         grid = lattice_grid(2, 6, 7, device, torch.float32)
     else:  # in [-0.75, -0.25]: rows 0 to 3 of 9
         grid = lattice_grid(2, 6, 7, device, torch.float32, reach=0.25) - 0.5
@@ -253,7 +254,7 @@ def test_grid_sample_empty(device, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a kernel was launched for an empty tensor")
     module = sys.modules["kernelkit.ops.grid_sample"]  # kernelkit.ops.grid_sample is the function
-    for name in ("_sample", "_bin", "_spill", "_scatter", "_finish"):
+    for name in ("_sample", "_sample_bin", "_bin", "_scatter", "_spilled"):
         monkeypatch.setattr(module, name, no_launch)
     cases = [((0, 4, 5, 3), (0, 2, 2, 2)), ((2, 4, 5, 0), (2, 2, 2, 2)), ((2, 4, 5, 3), (2, 0, 3, 2)),
              ((1, 0, 5, 3), (1, 0, 3, 2))]

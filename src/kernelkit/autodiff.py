@@ -88,9 +88,24 @@ def _build(spec, it):
     return kind(*items) if hasattr(kind, "_fields") else kind(items)  # namedtuples take fields
 
 
+_ZERO: dict[tuple, torch.Tensor] = {}  # one zero per (dtype, device), seen by _zeros_like
+
+
 def _zeros_like(t: torch.Tensor) -> torch.Tensor:
-    """Zeros shaped like t, as one element seen through every index (no memory filled)."""
-    return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+    """Zeros shaped like t, as one element seen through every index (no memory filled). Shapes of
+    more than one element share one zero per dtype and device (filling a new one is a kernel
+    launch per missing cotangent): writing into such a view fails (its elements overlap), and
+    the zero is made again if it was written all the same (its version counter moved)."""
+    key = (t.dtype, t.device)
+    zero = _ZERO.get(key)
+    if t.numel() <= 1 or (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+    if zero is None or zero._version:
+        zero = torch.zeros((), dtype=t.dtype, device=t.device)
+        if t.is_cuda:  # filled before any stream reads it
+            torch.cuda.current_stream(t.device).synchronize()
+        _ZERO[key] = zero
+    return zero.expand(t.shape)
 
 
 def _differentiable(t: torch.Tensor) -> bool:
