@@ -37,8 +37,9 @@ The rules see what MLX's see:
 
 Choices where PyTorch and MLX differ:
 - Missing cotangents (an output the loss does not use) arrive as zeros, as in
-  MLX: a zero-strided view of one zero (no memory filled; a kernel taking it
-  gets a row-contiguous copy, as for any view). Do not write into cotangents.
+  MLX: a zero-strided view of one zero, kept per dtype and device (no memory
+  filled; a kernel taking it gets a row-contiguous copy, as for any view). Do
+  not write into cotangents.
 - Outputs of integer or bool dtype are marked non-differentiable: they get no
   gradient and their cotangent is zeros; their tangent is dropped.
 - A transform whose rule was not given raises NotImplementedError naming f

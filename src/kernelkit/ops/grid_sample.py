@@ -934,7 +934,9 @@ def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     """torch.nn.functional.grid_sample (2-D) on NHWC data: samples x (B, H, W, C) at grid
     (B, gH, gW, 2) of (x, y) in [-1, 1] into (B, gH, gW, C). mode "bilinear" | "nearest",
     padding_mode "zeros" | "border" | "reflection". Differentiable in x and grid (for "nearest",
-    grid's gradient is zero, as torch's). float16/bfloat16 compute in float32."""
+    grid's gradient is zero, as torch's). float16/bfloat16 compute in float32. On a GPU the
+    backward adds up with atomics: as torch's CUDA backward, its results can differ in the last
+    bits from call to call."""
     _check(x, grid, mode, padding_mode, align_corners)
     # when a gradient will be wanted, the forward's kernel bins the points for the backward too
     binning = torch.is_grad_enabled() and (x.requires_grad or grid.requires_grad) and not _per_point(x.device)
