@@ -218,6 +218,25 @@ def test_grid_sample_backward_spills(device, monkeypatch, case, mode):
     _check_backward(device, mode, "border", False, grid)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_grid_sample_backward_half_spills(monkeypatch, dtype):
+    """float16/bfloat16 entries past their tile's slots are added to x_grad in the storage dtype
+    (each add rounds, as in torch's CUDA backward): still within half precision's rounding when
+    every entry past a tile's first spills and many land on each pixel."""
+    module = _gpu_backward_on_the_cpu(monkeypatch)
+    monkeypatch.setattr(module, "_capacity", lambda *args: 1)
+    x = torch.randn(2, 4, 5, 24).to(dtype)
+    grid = lattice_grid(2, 16, 16, "cpu", dtype)
+    cot = torch.randn(2, 16, 16, 24).to(dtype)
+    layout = module._layout(x.shape, dtype, grid.shape, "bilinear")
+    assert module._binning(layout, x.shape, grid, "bilinear", "zeros", False)[1][-1] > 256  # spilled
+    x_grad, grid_grad = grid_sample_backward(x, grid, cot)
+    x_ref, grid_ref = _reference_backward(x, grid, cot, "bilinear", "zeros", False)
+    assert x_grad.dtype == grid_grad.dtype == dtype
+    assert relative_error(x_grad, x_ref) < 1e-2
+    assert relative_error(grid_grad, grid_ref) < 1e-2
+
+
 def test_grid_sample_torch_func(device):
     """torch.func.grad and vjp through grid_sample (the forward bins for the backward there too),
     and a call under no_grad (it does not)."""

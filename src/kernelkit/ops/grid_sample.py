@@ -570,7 +570,8 @@ BIN_SOURCE = """
 # x_grad and grid_grad with device atomics (threads striding over the list: usually empty, its
 # length known on the GPU only). kernelkit's kernels allocate their outputs, so this one adds
 # into two of its inputs (not const: _scatter's fresh outputs). A round gives each group of L
-# lanes an entry; a warp's lanes run the same rounds.
+# lanes an entry; a warp's lanes run the same rounds. (float16/bfloat16: these adds round to the
+# storage dtype each, as torch's CUDA backward does for every point; the tiles sum in float32.)
 SPILLED_SOURCE = """
     T* xg = const_cast<T*>(x_grad);
     A* gg = const_cast<A*>(grid_grad);
