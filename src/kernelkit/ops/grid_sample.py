@@ -438,13 +438,32 @@ void gs_bin_entry(const G* grid, uint64_t p, unsigned b, int k, int H, int W, in
     out[r < K ? int64_t(bin) * K + r : bins * K + atomicAdd(&count[bins], 1)] = e;
 }
 
+// dst[0..V) += w * v[0..V), atomically: one 16-byte atomic for four float32 in global memory
+// (GLOBAL: 16-byte aligned) where the GPU has it (sm_90), else one per element.
+template <bool GLOBAL, int V, typename D, typename A>
+void gs_atomic_add(D* dst, A w, const A* v) {
+    for (int i = 0; i < V; ++i) atomicAdd(&dst[i], D(w * v[i]));
+}
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <bool GLOBAL, int V, typename A>
+void gs_atomic_add(float* dst, A w, const A* v) {
+    if constexpr (GLOBAL && V == 4) {
+        atomicAdd(reinterpret_cast<float4*>(dst), float4{float(w * v[0]), float(w * v[1]), float(w * v[2]),
+                                                         float(w * v[3])});
+    } else {
+        for (int i = 0; i < V; ++i) atomicAdd(&dst[i], float(w * v[i]));
+    }
+}
+#endif
+
 // An entry's share of the backward, by its L lanes (`lane`: this thread's): for its point's
 // corners in row `row` of x and columns [x_lo, x_lo + ncol), channels [0, nc) of the point's
 // cotangent row `cot`, it adds weight x cotangent to dst (column col and channel c at
-// dst[col * ld + c]) and, bilinear, sums this lane's terms of the point's gradient in its
-// source coordinates (gix, giy: before the slopes), reading x's corners at xs (x at column x_lo
-// of the row). has: whether there is an entry (else e is a stand-in and nothing is done).
-template <bool NEAREST, int V, int L, typename T, typename A, typename D>
+// dst[col * ld + c]; GLOBAL: dst is in global memory) and, bilinear, sums this lane's terms of
+// the point's gradient in its source coordinates (gix, giy: before the slopes), reading x's
+// corners at xs (x at column x_lo of the row). has: whether there is an entry (else e is a
+// stand-in and nothing is done).
+template <bool NEAREST, bool GLOBAL, int V, int L, typename T, typename A, typename D>
 void gs_scatter_entry(const gs_entry<A>& e, bool has, int row, int x_lo, int ncol, int nc, int lane,
                       const T* cot, const T* xs, int C, D* dst, int ld, A& gix, A& giy) {
     // the corners (at most two): column from x_lo (-1: none), weight for dst (w) and for the
@@ -468,14 +487,14 @@ void gs_scatter_entry(const gs_entry<A>& e, bool has, int row, int x_lo, int nco
         A go[V], v[V];
         gs_ld<V>(cot + c, go);
         if (cx0 >= 0) {
-            for (int i = 0; i < V; ++i) atomicAdd(&dst[cx0 * ld + c + i], D(w0 * go[i]));
+            gs_atomic_add<GLOBAL, V>(dst + cx0 * ld + c, w0, go);
             if (!NEAREST) {
                 gs_ld<V>(xs + cx0 * C + c, v);
                 for (int i = 0; i < V; ++i) { gix += v[i] * dx0 * go[i]; giy += v[i] * dy0 * go[i]; }
             }
         }
         if (cx1 >= 0) {
-            for (int i = 0; i < V; ++i) atomicAdd(&dst[cx1 * ld + c + i], D(w1 * go[i]));
+            gs_atomic_add<GLOBAL, V>(dst + cx1 * ld + c, w1, go);
             if (!NEAREST) {
                 gs_ld<V>(xs + cx1 * C + c, v);
                 for (int i = 0; i < V; ++i) { gix += v[i] * dx1 * go[i]; giy += v[i] * dy1 * go[i]; }
@@ -595,8 +614,8 @@ SPILLED_SOURCE = """
         A slope[2] = {A(0), A(0)};
         if (!NEAREST && has) gs_ld<2>(slopes + 2 * int64_t(e.p), slope);
         A gix = A(0), giy = A(0);
-        gs_scatter_entry<NEAREST, V, L>(e, has, row, x_lo, min(W - x_lo, tw), C, lane, cotangent + int64_t(e.p) * C,
-                                        x + at, C, xg + at, C, gix, giy);
+        gs_scatter_entry<NEAREST, true, V, L>(e, has, row, x_lo, min(W - x_lo, tw), C, lane,
+                                              cotangent + int64_t(e.p) * C, x + at, C, xg + at, C, gix, giy);
         if (!NEAREST) gs_add_grid_part<L>(gg, e.p, has, lane, slope, gix, giy);
     }
 """
@@ -643,8 +662,8 @@ SCATTER_SOURCE = """
         A slope[2] = {A(0), A(0)};
         if (!NEAREST && has) gs_ld<2>(slopes + 2 * int64_t(e.p), slope);
         A gix = A(0), giy = A(0);
-        gs_scatter_entry<NEAREST, V, L>(e, has, row, x_lo, ncol, nc, lane, cotangent + int64_t(e.p) * C + c_lo,
-                                        x + origin, C, tile, nc, gix, giy);
+        gs_scatter_entry<NEAREST, false, V, L>(e, has, row, x_lo, ncol, nc, lane, cotangent + int64_t(e.p) * C + c_lo,
+                                               x + origin, C, tile, nc, gix, giy);
         if (!NEAREST) gs_add_grid_part<L>(grid_grad, e.p, has, lane, slope, gix, giy);
         j0 += groups;
     } while (j0 < total);
@@ -906,7 +925,7 @@ def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners, bin
                                  output_dtypes=[x.dtype, acc], grid=(layout.bins * chunks * _SCATTER_THREADS, 1, 1),
                                  threadgroup=(_SCATTER_THREADS, 1, 1), init_value=[None, 0])
     lanes = template[3][1]
-    threads = min(4 * n * lanes, _THREADS * 128)  # striding over the (usually empty) spill list
+    threads = min(4 * n * lanes, _THREADS * 1024)  # striding over the (usually empty) spill list
     _spilled(inputs=[x, grid, cotangent, slopes, entries, count, x_grad, grid_grad, layout.tw, layout.capacity],
              template=template[:5], output_shapes=[], output_dtypes=[], grid=(threads, 1, 1),
              threadgroup=(_THREADS, 1, 1))
