@@ -409,7 +409,7 @@ def _ops_grid_sample(device, shape, t, tick: Tick) -> dict:
         out = fn(*leaves)
         return torch.autograd.grad(out, leaves, cot if out.shape == cot.shape else cot.permute(0, 3, 1, 2))
 
-    def torch_fwd_bwd():
+    def torch_fwd_bwd(grid):
         return fwd_bwd(lambda a, g: F.grid_sample(a.permute(0, 3, 1, 2), g, align_corners=False), x, grid)
 
     err = relative_error(grid_sample(x, grid), torch_nhwc_view().permute(0, 2, 3, 1))
@@ -424,10 +424,17 @@ def _ops_grid_sample(device, shape, t, tick: Tick) -> dict:
     forward["composed_reference"] = t(lambda: grid_sample_torch(x, grid), 10)
     tick("ops: grid_sample forward + backward")
     backward = {"kernelkit": t(lambda: fwd_bwd(grid_sample, x, grid), 20),
-                "torch_grid_sample_nhwc_view": t(torch_fwd_bwd, 10)}
+                "torch_grid_sample_nhwc_view": t(lambda: torch_fwd_bwd(grid), 10)}
+    # every point in the centre tenth of x (each way): far more per tile of the backward than its
+    # slots hold, the overflow's path
+    tick("ops: grid_sample forward + backward, crowded grid")
+    crowded = grid * 0.1
+    backward_crowded = {"grid_scale": 0.1, "kernelkit": t(lambda: fwd_bwd(grid_sample, x, crowded), 20),
+                        "torch_grid_sample_nhwc_view": t(lambda: torch_fwd_bwd(crowded), 10)}
     return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2], "dtype": "float32", "mode": "bilinear",
                       "padding_mode": "zeros"},
-            "forward_ms": forward, "forward_backward_ms": backward, "relative_error": err}
+            "forward_ms": forward, "forward_backward_ms": backward,
+            "forward_backward_crowded_ms": backward_crowded, "relative_error": err}
 
 
 def _ops_matmul(device, batch: int, n: int, t, tick: Tick) -> dict:
@@ -921,6 +928,12 @@ def _md_ops(r: dict, path) -> list[str]:
                  ["grid_sample forward + backward", "same", _ms(b["kernelkit"]),
                   f"{_ms(b.get('torch_grid_sample_nhwc_view'))} (NHWC view)",
                   _ratio(b.get("torch_grid_sample_nhwc_view"), b["kernelkit"])]]
+        c = g.get("forward_backward_crowded_ms")
+        if c:
+            rows.append([f"grid_sample forward + backward, grid × {_num(c['grid_scale'])} (points crowded "
+                         "in the centre of x)", "same", _ms(c["kernelkit"]),
+                         f"{_ms(c.get('torch_grid_sample_nhwc_view'))} (NHWC view)",
+                         _ratio(c.get("torch_grid_sample_nhwc_view"), c["kernelkit"])])
     if m:
         shapes = f"{m['batch']} × {m['m']}×{m['k']} @ {m['k']}×{m['n']}"
         for dtype in ("bfloat16", "float16", "float32", "float64"):
