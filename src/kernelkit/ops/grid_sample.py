@@ -221,9 +221,10 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 #   with C % 4 == 0) and looping over the channels lane * V, (lane + L) * V...: the coordinate
 #   math is shared by a point's channels, and consecutive lanes touch consecutive channels
 #   (on the CPU backend L is 1: a thread loops over the channels);
-# - the backward writes every element of x_grad exactly once, from shared memory, instead of
+# - the backward writes every element of x_grad once, from shared memory, instead of
 #   zero-filling x_grad and scattering into it with device atomics (which reads back from
-#   memory every line the scatter touches: half a GiB more traffic at the seed's size). The
+#   memory every line the scatter touches: half a GiB more traffic at the seed's size); only
+#   entries past a tile's slots (none, usually) are added afterwards with device atomics. The
 #   points are binned by the tiles of x their corners fall in (a tile: TW consecutive pixels
 #   of one row by CQ channels; a point reaches at most 2 rows x 2 tiles, its "entries"), and
 #   one threadgroup per tile zeroes the tile in shared memory, adds its entries' contributions
