@@ -41,7 +41,8 @@ NO_LOADS = scatter_variant("gs_var_no_loads", replaced(replaced(
     S, "const int total = min(count[bin], K);", "const int total = 0;"),
     "gs_entry<A> e = slots[j < K ? j : 0];", "gs_entry<A> e;"))
 # x_grad only: no reads of x, no parts of grid_grad
-NO_PART = scatter_variant("gs_var_no_part", replaced(S, "if (!NEAREST) gs_add_grid_part", "if (false) gs_add_grid_part"),
+NO_PART = scatter_variant("gs_var_no_part",
+                          replaced(S, "if (!NEAREST) gs_add_grid_part", "if (false) gs_add_grid_part"),
                           "#define GS_X_READS 0\n" + replaced(replaced(
                               G.HEADER, "if (!NEAREST) {\n                gs_ld<V>(xs + cx0",
                               "if (!NEAREST && GS_X_READS) {\n                gs_ld<V>(xs + cx0"),
@@ -112,9 +113,7 @@ def main(device="cuda", shape=(8, 1024, 1024, 64, 256, 256)):
                          output_dtypes=[x.dtype], grid=(n * lanes, 1, 1), threadgroup=(256, 1, 1))[0]
 
     def with_spills(x_grad):  # the op's _spilled after a _scatter variant: the entries past the slots
-        G._spilled(inputs=[x, grid, cot, slopes, entries, count, x_grad, torch.zeros_like(grid), tw, k],
-                   template=template[:5], output_shapes=[], output_dtypes=[], grid=(n * lanes, 1, 1),
-                   threadgroup=(256, 1, 1))
+        G._add_spilled(x, grid, cot, slopes, entries, count, x_grad, torch.zeros_like(grid), layout, template)
         return x_grad
 
     x_ref, g_ref = G._backward_checked(x, grid, cot, *args)  # the variants compute the same

@@ -97,10 +97,10 @@ def _zeros_like(t: torch.Tensor) -> torch.Tensor:
     more than one element share one zero per dtype and device (filling a new one is a kernel
     launch per missing cotangent): writing into such a view fails (its elements overlap), and
     the zero is made again if it was written all the same (its version counter moved)."""
-    key = (t.dtype, t.device)
-    zero = _ZERO.get(key)
     if t.numel() <= 1 or (t.is_cuda and torch.cuda.is_current_stream_capturing()):
         return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+    key = (t.dtype, t.device)
+    zero = _ZERO.get(key)
     if zero is None or zero._version:
         zero = torch.zeros((), dtype=t.dtype, device=t.device)
         if t.is_cuda:  # filled before any stream reads it

@@ -874,7 +874,7 @@ def _layout(x_shape, dtype, grid_shape, mode) -> _Layout:
     n = B * grid_shape[1] * grid_shape[2]
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     # the tiles' channels: a multiple of the widest access, hence of the one the backward takes
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     tw, cq = _tiling(W, C, 8 if acc == torch.float64 else 4, max(1, 16 // itemsize))
     bins, chunks = B * H * -(-W // tw), -(-C // cq)
     if 4 * n >= 2**31 or 2 * bins >= 2**31 or bins * chunks * _SCATTER_THREADS >= 2**32:
@@ -925,12 +925,17 @@ def _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners, bin
                                  template=template[:5], output_shapes=[x.shape, grid.shape],
                                  output_dtypes=[x.dtype, acc], grid=(layout.bins * chunks * _SCATTER_THREADS, 1, 1),
                                  threadgroup=(_SCATTER_THREADS, 1, 1), init_value=[None, 0])
-    lanes = template[3][1]
-    threads = min(4 * n * lanes, _THREADS * 1024)  # striding over the (usually empty) spill list
+    _add_spilled(x, grid, cotangent, slopes, entries, count, x_grad, grid_grad, layout, template)
+    return x_grad, grid_grad.to(x.dtype)
+
+
+def _add_spilled(x, grid, cotangent, slopes, entries, count, x_grad, grid_grad, layout, template):
+    """_spilled: the spill list's contributions added into _scatter's x_grad and grid_grad."""
+    n = layout.shapes[0][0]
+    threads = min(4 * n * template[3][1], _THREADS * 1024)  # L lanes an entry, striding over the list
     _spilled(inputs=[x, grid, cotangent, slopes, entries, count, x_grad, grid_grad, layout.tw, layout.capacity],
              template=template[:5], output_shapes=[], output_dtypes=[], grid=(threads, 1, 1),
              threadgroup=(_THREADS, 1, 1))
-    return x_grad, grid_grad.to(x.dtype)
 
 
 # The settings are keyword arguments: custom_function passes them to the rules as constants.
