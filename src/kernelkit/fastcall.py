@@ -1,7 +1,9 @@
 """The compiled half of the fast call path: `fastcall.cpp`, a CPython extension.
 
-Built on first use with the CPU backend's C++ compiler and kept in the compile cache (as
-Triton builds its launchers). It reads a repeated call's plan key off the arguments and runs
+A wheel carries it built at install time (setup.py), as `kernelkit._fastcall`. Where it is
+absent (an editable install, or a build without a C++ compiler or Python headers) it is built
+on first use with the CPU backend's C++ compiler and kept in the compile cache, keyed by the
+source (as Triton builds its launchers). It reads a repeated call's plan key off the arguments and runs
 the plan (`call`), and on CUDA runs whole plans in C (`make_plan`, `run`). Where it cannot be
 built (no C++ compiler, no Python headers) kernel.py computes the same key in Python
 (`kernel._plan_key`) and the CUDA backend launches through cuda-bindings; `kernelkit doctor`
@@ -29,16 +31,19 @@ _lock = threading.Lock()
 
 
 def module(block: bool = True):
-    """The extension module, or a line saying why there is none. The first use builds it in a
-    background thread (a compile costs ~1 s, once per machine); with block=False, None while
-    that runs, so that no call waits for it: calls take the general path meanwhile."""
-    global _builder
+    """The extension module, or a line saying why there is none. An installed one is loaded at
+    once; else the first use builds it in a background thread (a compile costs ~1 s, once per
+    machine) and, with block=False, this is None while that runs, so that no call waits for it:
+    calls take the general path meanwhile."""
+    global _builder, _result
     if _result is None:
         with _lock:
-            if _builder is None:
-                _builder = threading.Thread(target=_build, name="kernelkit-fastcall", daemon=True)
-                _builder.start()
-        if block:
+            if _result is None and _builder is None:
+                _result = _installed()
+                if _result is None:
+                    _builder = threading.Thread(target=_build, name="kernelkit-fastcall", daemon=True)
+                    _builder.start()
+        if block and _builder is not None:
             _builder.join()
     return _result
 
@@ -48,15 +53,26 @@ def peek():
     return _result
 
 
+def _installed():
+    """The extension a wheel carries, ready; None where there is none (or it does not load)."""
+    try:
+        from . import _fastcall
+    except ImportError:
+        return None
+    _fastcall.set_tensor_type(torch.Tensor)
+    return _fastcall
+
+
 def _build() -> None:
     global _result
     try:
-        _result = _load()
+        _result = _built()
     except Exception as e:  # noqa: BLE001 - an unusable extension means the Python path, never a crash
         _result = f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def _load():
+def _built():
+    """The extension built from SOURCE with the CPU backend's compiler (cached), or why not."""
     from .backends import cpu
     from .cache import key_of
     from .errors import CompileError
