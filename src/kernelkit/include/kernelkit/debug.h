@@ -211,7 +211,9 @@ inline bool claim(unsigned long long* rec, unsigned long long status) {
 }
 
 // Every kPollEvery polls of this OS thread: the clock. The launch's start is the first look
-// at the clock of any of its threads (a few microseconds after it began at most).
+// at the clock of any of its threads (a few microseconds after it began at most). Another
+// thread may win that compare-and-swap with a later reading than this thread's `now`, so the
+// elapsed time is signed: a negative one is not past the deadline (unsigned, it would wrap).
 __attribute__((noinline, cold)) inline void poll_clock(unsigned line, unsigned where) {
   const state& s = st();
   if (!s.timeout || !s.rec) return;
@@ -220,8 +222,10 @@ __attribute__((noinline, cold)) inline void poll_clock(unsigned line, unsigned w
   if (!start && __atomic_compare_exchange_n(&s.rec[kStart], &start, now, false, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED))
     start = now;
+  const long long elapsed = static_cast<long long>(now - start);
   // Past the deadline, or another thread already stopped the launch.
-  if (now - start > s.timeout || __atomic_load_n(&s.rec[kStatus], __ATOMIC_RELAXED) != kNone)
+  if (elapsed > static_cast<long long>(s.timeout) ||
+      __atomic_load_n(&s.rec[kStatus], __ATOMIC_RELAXED) != kNone)
     timed_out(line, where);
 }
 
