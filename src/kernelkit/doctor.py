@@ -213,7 +213,7 @@ def probe_driver():
         return Finding("driver", "info", "no NVIDIA driver (no /dev/nvidiactl); not needed for the CPU backend")
     info = driver_info()
     if "error" in info:
-        fix = ("pip install cuda-bindings" if "cuda-bindings" in info["error"]
+        fix = ('pip install "kernelkit[cuda]"' if "cuda-bindings" in info["error"]
                else "install the NVIDIA driver (CUDA 12.8 or newer), e.g. apt-get install nvidia-driver")
         return Finding("driver", "missing", info["error"], fix)
     gpus = ", ".join(f"{g['name']} ({g['arch']})" for g in info["gpus"]) or "no devices"
@@ -234,8 +234,8 @@ def probe_nvrtc():
     info = nvrtc_info()
     if "error" in info:
         return Finding("NVRTC", "missing", info["error"],
-                       "pip install nvidia-cuda-nvrtc (or cuda-bindings), or set CUDA_HOME to a CUDA "
-                       "toolkit; only the GPU backend needs it")
+                       'pip install "kernelkit[cuda]", or set CUDA_HOME to a CUDA toolkit; only the '
+                       "GPU backend needs it")
     via = info.get("found_via") or "?"
     if via == "CUDA_HOME":
         via = f"CUDA_HOME ({os.environ.get('CUDA_HOME') or os.environ.get('CUDA_PATH')})"
@@ -263,14 +263,14 @@ def probe_headers():
         dirs = cuda.cuda_include_dirs()
     except cuda.CudaUnavailable as e:
         return Finding("CUDA headers", "missing", str(e).split(":")[0],
-                       "pip install nvidia-cuda-runtime nvidia-cuda-cccl, or set CUDA_HOME; "
-                       "only the GPU backend needs them")
+                       'pip install "kernelkit[cuda]", or set CUDA_HOME; only the GPU backend needs '
+                       "them")
     fp16 = any(os.path.exists(os.path.join(d, "cuda_fp16.h")) for d in dirs)
     std = any(os.path.isdir(os.path.join(d, "cuda", "std")) for d in dirs)
     missing = [h for h, ok in (("cuda_fp16.h", fp16), ("cuda/std (CCCL)", std)) if not ok]
     if missing:
         return Finding("CUDA headers", "missing", f"{', '.join(dirs)}; without {', '.join(missing)}",
-                       "pip install nvidia-cuda-runtime nvidia-cuda-cccl, or set CUDA_HOME")
+                       'pip install "kernelkit[cuda]", or set CUDA_HOME')
     return Finding("CUDA headers", "ok", ", ".join(dirs))
 
 

@@ -32,6 +32,10 @@ _MATH_FLAGS = {
 }
 
 
+# NVIDIA's wheels (bindings, NVRTC, headers) are the `cuda` extra: the CPU backend needs none.
+INSTALL = 'pip install "kernelkit[cuda]"'
+
+
 class CudaUnavailable(RuntimeError):
     pass
 
@@ -40,18 +44,23 @@ class CudaUnavailable(RuntimeError):
 def _driver():
     try:
         from cuda.bindings import driver
-    except ImportError as e:  # pragma: no cover - depends on the install
+    except ImportError as e:
         raise CudaUnavailable(
-            "NVIDIA's Python bindings are missing (pip install cuda-bindings); "
-            "the CPU backend is available") from e
+            f"NVIDIA's Python bindings (cuda-bindings) are missing: {INSTALL} for the GPU "
+            "backend; the CPU backend is available") from e
     return driver
 
 
 @functools.lru_cache(maxsize=None)
 def _nvrtc():
-    """NVRTC's bindings: imported only to compile (the import finds and loads libnvrtc)."""
+    """NVRTC's bindings: imported only to compile, and NVRTC loaded with them."""
     _driver()
     from cuda.bindings import nvrtc
+    try:
+        nvrtc.nvrtcVersion()  # loads libnvrtc: a missing one is said here, not mid-compile
+    except RuntimeError as e:  # cuda-pathfinder's DynamicLibNotFoundError
+        raise CudaUnavailable(f"NVRTC not found ({str(e).strip().splitlines()[0]}): {INSTALL}, "
+                              "or set CUDA_HOME to a CUDA toolkit") from e
     return nvrtc
 
 
@@ -73,8 +82,7 @@ def cuda_include_dirs() -> tuple[str, ...]:
         if found:
             dirs.append(found)
     if not dirs:
-        raise CudaUnavailable("CUDA headers not found: pip install nvidia-cuda-runtime "
-                              "nvidia-cuda-cccl, or set CUDA_HOME")
+        raise CudaUnavailable(f"CUDA headers not found: {INSTALL}, or set CUDA_HOME")
     return tuple(dirs)
 
 
