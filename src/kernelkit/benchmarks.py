@@ -66,6 +66,12 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
 
 
+def results_dir(device: torch.device) -> Path:
+    """Where `kernelkit bench` writes without --out: the user's data directory, per device."""
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(data) / "kernelkit" / "bench" / device_tag(device)
+
+
 def device_tag(device: torch.device) -> str:
     """A short name for result directories: "h100", "cpu-x86_64-2core"."""
     if device.type == "cuda":

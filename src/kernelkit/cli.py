@@ -194,7 +194,7 @@ def bench(args) -> int:
     if device is None:
         return 2
     kinds = args.only or (benchmarks.GPU_SUITE if device.type == "cuda" else benchmarks.CPU_SUITE)
-    out = Path(args.out) if args.out else Path("bench") / "results" / benchmarks.device_tag(device)
+    out = Path(args.out) if args.out else benchmarks.results_dir(device)
     command = shlex.join(["kernelkit", *args.argv])
     progress = benchmarks.Progress(sum(benchmarks.STEPS[k] for k in kinds))
     results, errors = {}, {}
@@ -312,9 +312,11 @@ def cache(args) -> int:
 # --- the command line ------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .benchmarks import KINDS
     ap = argparse.ArgumentParser(prog="kernelkit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"kernelkit {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,bench,doctor,cache}")
 
     p = sub.add_parser("demo", help="run the seeds' kernels, check them, time them against torch",
@@ -341,7 +343,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
     p.add_argument("--only", nargs="+", choices=KINDS, metavar="NAME",
                    help=f"run only these benchmarks ({', '.join(KINDS)})")
-    p.add_argument("--out", metavar="DIR", help="where to write (default: bench/results/<device-tag>/)")
+    p.add_argument("--out", metavar="DIR", help="where to write (default: "
+                   "$XDG_DATA_HOME/kernelkit/bench/<device>/, else ~/.local/share/kernelkit/bench/<device>/)")
     p.add_argument("--no-charts", action="store_true", help="write no PNG charts")
     p.add_argument("--markdown", nargs="+", metavar="JSON",
                    help="print the Markdown tables of these result files (or directories of them)")
