@@ -232,80 +232,58 @@ def doctor(args) -> int:
 
 # --- cache -------------------------------------------------------------------------------------
 
-def _size(n: int) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+def _size(n: float) -> str:
+    """Binary units, as KERNELKIT_CACHE_MAX counts."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
+        n /= 1024
 
 
-def _entry_name(src: Path) -> str:
+def _entry_name(src: Path | None) -> str:
     """The kernel a cache entry holds, from its saved source."""
     import re
     try:
-        text = src.read_text(errors="replace")
+        text = src.read_text(errors="replace") if src else ""
     except OSError:
         return "?"
     if "kk_rt_abi_version" in text and "custom_kernel_" not in text:
         return "(kernelkit CPU runtime)"
+    if "PyInit__fastcall" in text:
+        return "(kernelkit fast call path)"
     m = re.search(r"custom_kernel_(\w+)", text)
     return m.group(1) if m else "?"
 
 
-def _remove_empty_dirs(root: Path) -> None:
-    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        try:
-            d.rmdir()
-        except OSError:
-            pass
-
-
 def cache(args) -> int:
     from . import __version__
-    from .cache import CACHE, cache_dir
-    from .doctor import cache_usage
+    from . import cache as cc
 
-    root = cache_dir()
+    store = cc.disk()
+    if store is None:
+        print(f"no usable compile cache (see the warning above); nothing in {cc.cache_dir()}")
+        return 1
+    root = store.root
     if args.action == "clear":
-        if args.stale:
-            files = [p for d in root.iterdir() if d.is_dir() and d.name != __version__
-                     for p in d.rglob("*") if p.is_file()] if root.is_dir() else []
-            size = removed = 0
-            for p in files:
-                try:
-                    s = p.stat().st_size
-                    p.unlink()
-                    removed, size = removed + 1, size + s
-                except OSError:
-                    pass
-        else:
-            size = sum(u[2] for u in cache_usage())
-            removed = CACHE.clear()
-        if root.is_dir():
-            _remove_empty_dirs(root)
+        removed, size = cc.CACHE.clear(stale=args.stale)
         what = "other kernelkit versions' " if args.stale else ""
         print(f"removed {removed} {what}files ({_size(size)}) from {root}")
         return 0
-    usage = cache_usage()
+    usage = cc.usage(root)
     files, size = sum(u[1] for u in usage), sum(u[2] for u in usage)
-    print(f"{root}: {files} files, {_size(size)}" + ("" if root.exists() else " (does not exist yet)"))
+    limit = cc.max_bytes()
+    print(f"{root}: {files} files, {_size(size)} (limit {_size(limit) if limit else 'none'}"
+          f"{', KERNELKIT_CACHE_MAX' if os.environ.get('KERNELKIT_CACHE_MAX') else ''})"
+          + (f"; not {store.refused}" if store.refused else ""))
     for version, n, nbytes in usage:
         mark = " (this kernelkit)" if version == __version__ else " (another kernelkit version)"
         print(f"  {version}/{mark}: {n} file{'s' if n != 1 else ''}, {_size(nbytes)}")
     if args.action == "list":
-        groups: dict[Path, list[Path]] = {}
-        for p in CACHE.entries():
-            groups.setdefault(p.with_name(p.name.split(".")[0]), []).append(p)
-        for stem, paths in sorted(groups.items()):
-            suffixes = {p.name[len(stem.name):] for p in paths}
-            target = "cuda" if ".cubin" in suffixes else "cpu" if ".so" in suffixes else "?"
-            src = next((p for p in paths if p.name.endswith(".src")), None)
-            name = _entry_name(src) if src else "?"
-            rel = stem.relative_to(root)
-            key = rel.name if len(rel.name) <= 16 else rel.name[:16] + "…"
-            print(f"  {str(rel.parent)}/{key}  {target:<4} "
-                  f"{_size(sum(p.stat().st_size for p in paths)):>9}  {name}")
+        for e in cc.entries(root):
+            target = {".cubin": "cuda", ".so": "cpu"}.get(e.path.suffix, "?")
+            src = next((f for f in e.files if f.name.endswith(".src")), None)
+            rel = e.path.relative_to(root)
+            print(f"  {rel.parent}/{rel.name[:16]}…  {target:<4} {_size(e.size):>9}  {_entry_name(src)}")
     return 0
 
 
@@ -360,12 +338,15 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=doctor)
 
     p = sub.add_parser("cache", help="show, list or clear the compile cache",
-                       description="The compile cache (KERNELKIT_CACHE_DIR, default ~/.cache/kernelkit): "
-                       "one directory per kernelkit version.")
+                       description="The compile cache (KERNELKIT_CACHE_DIR, default ~/.cache/kernelkit; "
+                       "capped at KERNELKIT_CACHE_MAX bytes, default 1G): one directory per kernelkit "
+                       "version, each marked by a CACHEDIR.TAG file. Only kernelkit's entries in "
+                       "marked directories are ever removed.")
     p.add_argument("action", nargs="?", choices=["info", "list", "clear"], default="info",
-                   help="info (default): sizes per version directory; list: every entry; clear: remove")
+                   help="info (default): sizes per version directory; list: every entry; clear: "
+                   "remove kernelkit's entries")
     p.add_argument("--stale", action="store_true", help="with clear: only other kernelkit versions' "
-                   "directories")
+                   "entries (their directories go too)")
     p.set_defaults(func=cache)
     return ap
 

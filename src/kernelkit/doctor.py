@@ -31,7 +31,8 @@ class Finding:
 
 
 def _probe(name: str):
-    """Run the probe; an exception becomes an "error" finding, never a crash."""
+    """Run the probe; an exception becomes an "error" finding, never a crash. `name` may hold
+    `{}` fields for the probe's arguments ("run on {}")."""
     def wrap(fn):
         @functools.wraps(fn)
         def run(*args, **kwargs) -> list[Finding]:
@@ -39,7 +40,7 @@ def _probe(name: str):
                 found = fn(*args, **kwargs)
                 return found if isinstance(found, list) else [found]
             except Exception as e:  # noqa: BLE001 - doctor reports, it does not crash
-                return [Finding(name, "error", f"probe failed: {type(e).__name__}: {e}")]
+                return [Finding(name.format(*args), "error", f"probe failed: {type(e).__name__}: {e}")]
         return run
     return wrap
 
@@ -278,7 +279,7 @@ def probe_headers():
 def probe_cxx():
     info = cxx_info()
     if "error" in info:
-        return Finding("C++ compiler", "missing", "none found (CPU backend unavailable)",
+        return Finding("C++ compiler", "missing", f"{info['error']} (CPU backend unavailable)",
                        "no C++ compiler: apt-get install g++, or set CXX")
     via = " (from $CXX)" if info.get("from_env") else ""
     return Finding("C++ compiler", "ok", f"{info['path']}{via}: {info['version']}")
@@ -294,24 +295,11 @@ def probe_fastcall():
     return Finding("fast call path", "ok", "compiled (fastcall.cpp)")
 
 
-def cache_usage() -> list[tuple[str, int, int]]:
-    """(version directory, files, bytes) under the cache directory."""
-    from .cache import cache_dir
-    root = cache_dir()
-    rows = []
-    if root.is_dir():
-        for d in sorted(p for p in root.iterdir() if p.is_dir()):
-            files = [p for p in d.rglob("*") if p.is_file()]
-            rows.append((d.name, len(files), sum(p.stat().st_size for p in files)))
-    return rows
-
-
-def _writable(path: Path) -> bool:
-    """Whether kernelkit can write there: try it (the directory is created, as the cache would)."""
+def _writable(directory: Path) -> bool:
+    """Whether kernelkit can write there: try it."""
     import tempfile
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path, prefix=".doctor-")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
         os.close(fd)
         os.unlink(tmp)
         return True
@@ -321,20 +309,33 @@ def _writable(path: Path) -> bool:
 
 @_probe("cache")
 def probe_cache():
+    import warnings
+
     from . import __version__
-    from .cache import cache_dir
-    root = cache_dir()
-    usage = cache_usage()
-    files, size = sum(u[1] for u in usage), sum(u[2] for u in usage)
+    from . import cache as cc
+    with warnings.catch_warnings(record=True) as said:  # the finding says it
+        warnings.simplefilter("always")
+        store = cc.disk()
     where = "$KERNELKIT_CACHE_DIR" if os.environ.get("KERNELKIT_CACHE_DIR") else "default"
-    detail = f"{root} ({where}): {files} files, {size / 1e6:.1f} MB"
+    fix = "set KERNELKIT_CACHE_DIR to a directory that only you can write (mode 0700)"
+    if store is None:
+        why = str(said[0].message) if said else "no usable directory"
+        return Finding("cache", "missing", f"{cc.cache_dir()} ({where}): {why}", fix)
+    usage = cc.usage(store.root)
+    files, size = sum(u[1] for u in usage), sum(u[2] for u in usage)
+    limit = cc.max_bytes()
+    detail = (f"{store.root} ({where if not store.refused else 'fallback'}): {files} files, "
+              f"{size / 2**20:.1f} MiB of {f'{limit / 2**20:.0f} MiB' if limit else 'no limit'}"
+              f"{' (KERNELKIT_CACHE_MAX)' if os.environ.get('KERNELKIT_CACHE_MAX') else ''}")
     stale = [u for u in usage if u[0] != __version__]
     if stale:
-        detail += (f"; {sum(u[2] for u in stale) / 1e6:.1f} MB from other kernelkit versions "
+        detail += (f"; {sum(u[2] for u in stale) / 2**20:.1f} MiB from other kernelkit versions "
                    "(kernelkit cache clear --stale)")
-    if not _writable(root):
-        return Finding("cache", "warn", detail + "; not writable: every process recompiles",
-                       "set KERNELKIT_CACHE_DIR to a writable directory")
+    if store.refused:
+        return Finding("cache", "warn", f"{detail}; not {store.refused}: anyone who can write "
+                       "there could plant binaries", fix)
+    if not _writable(store.directory):
+        return Finding("cache", "warn", detail + "; not writable: every process recompiles", fix)
     return Finding("cache", "ok", detail)
 
 
@@ -353,7 +354,7 @@ def probe_optional():
     return found
 
 
-@_probe("check")
+@_probe("run on {}")
 def probe_run(device: str):
     """Compile and run a small kernel on `device`: the whole road, end to end."""
     import time
@@ -379,10 +380,8 @@ def findings(run: bool = False) -> list[Finding]:
     for probe in (probe_kernelkit, probe_torch, probe_gpus, probe_driver, probe_nvrtc, probe_headers,
                   probe_cxx, probe_fastcall, probe_cache, probe_optional):
         out += probe()
-    if run:
-        devices = []
-        if not any(f.name == "C++ compiler" and f.status != "ok" for f in out):
-            devices.append("cpu")
+    if run:  # every device, the CPU even without a compiler: the check says what failed
+        devices = ["cpu"]
         try:
             import torch
             devices += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
@@ -405,7 +404,8 @@ def report(found: list[Finding]) -> str:
     width = max(len(f.name) for f in found) + 2
     lines = ["kernelkit doctor"]
     for f in found:
-        lines.append(f"  [{MARKS.get(f.status, '?'):>2}] {f.name:<{width}}{f.detail}")
+        detail = f.detail.replace("\n", "\n" + " " * (width + 7))  # a compiler's log, indented
+        lines.append(f"  [{MARKS.get(f.status, '?'):>2}] {f.name:<{width}}{detail}")
         if f.fix:
             lines.append(f"  {'':4} {'':<{width}}fix: {f.fix}")
     ok = backends(found)
@@ -417,7 +417,8 @@ def report(found: list[Finding]) -> str:
 
 
 def main(json_output: bool = False, run: bool = False) -> int:
-    """Print what this machine offers; 0 when at least one backend can run kernels."""
+    """Print what this machine offers; 0 when at least one backend can run kernels and, with
+    `run`, every device ran its check."""
     try:
         found = findings(run)
     except Exception as e:  # noqa: BLE001 - the probes are wrapped; this is the last guard

@@ -80,12 +80,17 @@ def _built():
         source = SOURCE.read_text()
         include = sysconfig.get_paths()["include"]
         key = key_of(source, "fastcall", sys.version, platform.machine(), cpu.compiler()[1])
-        path = cpu.library_path(key, source, lambda: cpu.compile_source(source, "safe", (f"-I{include}",)))
-        name = "kernelkit._fastcall"
-        spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, str(path)))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = cpu.load_cached(key, source, lambda: cpu.compile_source(source, "safe", (f"-I{include}",)),
+                              _extension)
     except (CompileError, cpu.CompilerNotFound, OSError, ImportError) as e:
         return (str(e).strip() or type(e).__name__).splitlines()[0]
     mod.set_tensor_type(torch.Tensor)
+    return mod
+
+
+def _extension(path: str):
+    name = "kernelkit._fastcall"
+    spec = importlib.util.spec_from_loader(name, importlib.machinery.ExtensionFileLoader(name, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     return mod

@@ -10,15 +10,20 @@ import ctypes
 import functools
 import os
 import platform
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from ..cache import CACHE, key_of
 from ..errors import CompileError, KernelLaunchError
 from . import groups_per_grid
+
+T = TypeVar("T")
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 RUNTIME_SOURCE = INCLUDE / "kernelkit" / "cpu_runtime.cpp"
@@ -45,14 +50,24 @@ class CompilerNotFound(RuntimeError):
 def compiler() -> tuple[str, str]:
     """(path, identity) of the C++ compiler: $CXX, else g++ or clang++ on PATH."""
     candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "clang++", "c++"]
+    broken = []
     for c in candidates:
         path = shutil.which(c)
         if path:
-            version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-            return path, version.splitlines()[0] if version else c
+            try:
+                proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                broken.append(f"`{path} --version` failed ({e})")
+                continue
+            if proc.returncode == 0:
+                return path, proc.stdout.splitlines()[0] if proc.stdout.strip() else c
+            said = (proc.stderr or proc.stdout).strip().splitlines()
+            broken.append(f"`{path} --version` {_exit_status(proc.returncode)}"
+                          + (f": {said[0]}" if said else " and printed nothing"))
     raise CompilerNotFound(
-        "no C++ compiler found for kernelkit's CPU backend: install g++ or clang++ "
-        "(e.g. `apt-get install g++`), or set CXX")
+        "no C++ compiler found for kernelkit's CPU backend"
+        + (f" ({'; '.join(broken)})" if broken else "")
+        + ": install g++ or clang++ (e.g. `apt-get install g++`), or set CXX")
 
 
 def compile_source(source: str, math_mode: str, extra: tuple[str, ...] = ()) -> bytes:
@@ -63,23 +78,33 @@ def compile_source(source: str, math_mode: str, extra: tuple[str, ...] = ()) -> 
         cmd = [cxx, *_BASE_FLAGS, *_MATH_FLAGS[math_mode], *extra, f"-I{INCLUDE}", src, "-o", out]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise CompileError(proc.stderr.replace(src + ":", "kernel.cpp:"), source)
+            log = (proc.stderr + proc.stdout).replace(src + ":", "kernel.cpp:").strip()
+            raise CompileError(log or f"`{shlex.join(cmd)}` {_exit_status(proc.returncode)} and "
+                               "printed nothing", source)
         return Path(out).read_bytes()
 
 
-def library_path(key: str, source: str, build) -> Path:
-    """A shared library from the compile cache, as a file the dynamic loader can open."""
-    binary, path = CACHE.get(key, ".so", source, build)
-    if not path.exists():  # the cache directory is not writable: load from a private copy
-        fd, tmp = tempfile.mkstemp(suffix=".so", prefix="kernelkit-")
-        with os.fdopen(fd, "wb") as f:
+def _exit_status(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def load_cached(key: str, source: str, build, load: Callable[[str], T]) -> T:
+    """`load(path)` of the shared library `key` from the compile cache. The loader reads a file
+    written from the bytes the cache verified (or built) in this process, in a directory of this
+    process's own (mode 0700, removed once loaded): nobody can swap it between the check and the
+    load. (Removing it is safe: the loaded mapping keeps the file's inode, which the dynamic
+    loader compares to tell libraries apart, from being reused.)"""
+    binary = CACHE.get(key, ".so", source, build)
+    with tempfile.TemporaryDirectory(prefix="kernelkit-") as private:
+        path = os.path.join(private, key + ".so")
+        with open(path, "xb") as f:
             f.write(binary)
-        path = Path(tmp)
-    return path
-
-
-def _load_library(key: str, source: str, build, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
-    return ctypes.CDLL(str(library_path(key, source, build)), mode=mode)
+        return load(path)
 
 
 class _LaunchDesc(ctypes.Structure):
@@ -93,6 +118,7 @@ class CpuBackend:
 
     def __init__(self):
         self._runtime = None
+        self._libraries: dict[str, ctypes.CDLL] = {}  # compile-cache key -> loaded library
         self._lock = threading.Lock()
 
     def runtime(self) -> ctypes.CDLL:
@@ -103,8 +129,8 @@ class CpuBackend:
                     source = RUNTIME_SOURCE.read_text()
                     headers = [(INCLUDE / "kernelkit" / h).read_text() for h in _RUNTIME_HEADERS]
                     key = key_of(source, *headers, "runtime", platform.machine(), compiler()[1])
-                    lib = _load_library(key, source, lambda: compile_source(source, "safe"),
-                                        mode=ctypes.RTLD_GLOBAL)
+                    lib = load_cached(key, source, lambda: compile_source(source, "safe"),
+                                      lambda path: ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
                     if lib.kk_rt_abi_version() != _RUNTIME_ABI:
                         raise RuntimeError(f"kernelkit's CPU runtime reports ABI "
                                            f"{lib.kk_rt_abi_version()}, expected {_RUNTIME_ABI}")
@@ -128,7 +154,10 @@ class CpuBackend:
             except CompileError as e:
                 raise e.with_context(context, body, header) from None
 
-        return _Program(_load_library(key, source, compile_), uses_sync)
+        lib = self._libraries.get(key)
+        if lib is None:  # one load per library and process: each load maps a new copy
+            lib = self._libraries.setdefault(key, load_cached(key, source, compile_, ctypes.CDLL))
+        return _Program(lib, uses_sync)
 
     def compiled_plan(self, *args) -> None:
         return None  # repeated calls run kernel.py's plans

@@ -315,7 +315,7 @@ class CudaBackend:
 
         func = dev.modules.get(key)
         if func is None:
-            cubin, _ = CACHE.get(key, ".cubin", source, compile_)
+            cubin = CACHE.get(key, ".cubin", source, compile_)
             func = dev.modules.setdefault(key, dev.load(cubin, entry))
         return _Program(dev, func, block_size)
 
