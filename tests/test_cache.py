@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import kernelkit as kk
@@ -32,6 +33,7 @@ def _run(tmp_path, mode):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_fresh_process_finds_the_kernel_on_disk(tmp_path):
     first = _run(tmp_path, "compile")
     assert first.stdout.strip() == "ok", first.stderr
@@ -41,6 +43,7 @@ def test_fresh_process_finds_the_kernel_on_disk(tmp_path):
     assert sources and any("custom_kernel_cached" in p.read_text() for p in sources)
 
 
+@pytest.mark.slow
 def test_corrupt_or_truncated_binary_is_a_miss(tmp_path):
     assert _run(tmp_path, "compile").stdout.strip() == "ok"
     binaries = [p for p in tmp_path.rglob("*.so") if "custom_kernel_cached" in
@@ -52,6 +55,7 @@ def test_corrupt_or_truncated_binary_is_a_miss(tmp_path):
     assert again.stdout.strip() == "ok", again.stderr
 
 
+@pytest.mark.slow
 def test_processes_sharing_the_cache_concurrently(tmp_path):
     env = dict(os.environ, KERNELKIT_CACHE_DIR=str(tmp_path))
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, "compile"], env=env,

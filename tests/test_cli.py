@@ -29,6 +29,7 @@ def kernelkit_cmd(*args, cache, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_doctor(tmp_path):
     r = kernelkit_cmd("doctor", cache=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -45,6 +46,7 @@ def test_doctor(tmp_path):
     assert r.returncode == (0 if report["backends"]["cuda"] else 1)
 
 
+@pytest.mark.slow
 def test_cache_info_list_clear(tmp_path):
     current = tmp_path / kernelkit.__version__ / "ab"
     current.mkdir(parents=True)
@@ -75,6 +77,7 @@ def test_cache_info_list_clear(tmp_path):
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_demo_small_on_the_cpu(cache_dir, tmp_path):
     plot = tmp_path / "demo.png"
     args = ["demo", "--device", "cpu", "--small"] + (["--plot", plot] if have_matplotlib() else [])
@@ -94,6 +97,7 @@ def test_demo_on_a_missing_gpu_is_a_clear_error(cache_dir):
     assert r.returncode == 2 and "no CUDA device" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_bench_quick_writes_json_markdown_and_charts(cache_dir, tmp_path):
     out = tmp_path / "results"
     r = kernelkit_cmd("bench", "--quick", "--device", "cpu", "--out", out, cache=cache_dir)

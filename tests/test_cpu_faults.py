@@ -28,6 +28,7 @@ def run_python(code: str, timeout=240, **env) -> subprocess.CompletedProcess:
 
 # --- timeout= on many OS threads ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_timeout_never_fires_early_with_many_threads():
     """Finding 12: with 64 workers on 2 cores, a worker could read the clock before another that
     set the launch's start later; the unsigned difference wrapped and timeout=10 fired at once."""

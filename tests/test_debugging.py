@@ -119,6 +119,7 @@ def test_derived_pointers_and_macros_are_checked(device, body, index):
         call(k, x, check_bounds=True)
 
 
+@pytest.mark.slow
 def test_environment_variable_checks_every_call(tmp_path):
     script = ("import torch, kernelkit as kk\n"
               "k = kk.metal_kernel(name='env', input_names=['inp'], output_names=['out'],\n"

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -438,6 +439,7 @@ def run_signature_case(plan, out_dtypes, tvalues, calls):
            "attrs": []},
           ["bool"], [], [{"inputs": [("py", False)], "grid": (1, 1, 1), "group": (1, 1, 1), "seed": 0,
                           "contiguous": False, "shaped": False}]))
+@pytest.mark.slow
 def test_signature_random_kernels(case):
     """Random inputs (dtypes, arrays / 0-d / scalars), helper mentions, templates, attributes and
     output dtypes: one compile per example, each launched on 1-3 random non-contiguous views."""
@@ -949,6 +951,7 @@ def test_front_end_leaves_no_address_space_and_rewrites_swizzles_only_after_acce
 
 @FAST
 @given(msl_sources())
+@pytest.mark.slow
 def test_front_end_matches_the_grammar(src):
     """Every piece lowered as the front end's rules say (MSL declarations with their address
     spaces, swizzles, struct members, #define replacement text)."""
@@ -960,6 +963,7 @@ def test_front_end_matches_the_grammar(src):
 
 @FAST
 @given(msl_sources())
+@pytest.mark.slow
 def test_front_end_is_idempotent(src):
     header, body, _, _ = src
     once = metal.front_end(header, body)
@@ -1086,6 +1090,7 @@ def swizzle_programs(draw):
 
 @settings(COMPILING, max_examples=12)
 @given(swizzle_programs(), st.integers(0, 2**31), st.integers(1, 70))
+@pytest.mark.slow
 def test_swizzle_arithmetic_matches_numpy(program, seed, threads):
     """Inputs named like swizzles (`xy`, `b`), an output named `rgba`, a random expression of
     float4 / float2 swizzles, constructors and scalars; exact in float32 with math_mode safe."""
