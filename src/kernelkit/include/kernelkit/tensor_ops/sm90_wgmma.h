@@ -1,0 +1,402 @@
+// kernelkit/tensor_ops/sm90_wgmma.h: one Hopper warpgroup computes a BM x BN tile of A * B on the
+// tensor cores (wgmma, sm_90a), its operands staged from device memory through shared memory.
+//
+// The contract (what tensor_ops' matmul2d codes against; refined from the first draft: the
+// shared-memory slice, `smem_bytes` and the optional Stages argument are new):
+//
+//   namespace kk::tops::sm90 {
+//   template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3>
+//   struct warpgroup_gemm {
+//     static constexpr bool supported;       // false where this path cannot take the types/shape
+//     static constexpr int acc_per_thread;   // BM * BN / 128 accumulators per thread
+//     static constexpr int smem_bytes;       // dynamic shared memory one warpgroup's run needs
+//     __device__ static void coord(int i, int thread_in_warpgroup, int& row, int& col);
+//     __device__ static void run(TAcc (&acc)[acc_per_thread], const TA* A, long a_rs, long a_cs,
+//                                const TB* B, long b_rs, long b_cs, int m_valid, int n_valid,
+//                                int K, bool accumulate);
+//   };
+//   }
+//
+// - Called by all 128 threads of one warpgroup (4 consecutive warps starting at warp 4w) of a
+//   threadgroup of 128 * W threads; warpgroups call it independently (no threadgroup-wide
+//   barrier: warpgroup w synchronises on named barrier 1 + w, so W <= 15).
+// - acc (+)= A[0:m_valid, 0:K] * B[0:K, 0:n_valid]: element (m, k) of A is A[m * a_rs + k * a_cs],
+//   (k, n) of B is B[k * b_rs + n * b_cs], any strides; rows >= m_valid, cols >= n_valid and
+//   k >= K read as zero. accumulate = false starts from zero. Row i of acc's tile is row i of A.
+// - Shared memory: warpgroup w uses bytes [w * smem_bytes, (w + 1) * smem_bytes) of the
+//   kernel's dynamic shared memory (cuda_kernel's shared_memory=, or the launcher's carve-out
+//   for tensor-op kernels); run traps (the launch fails) when %dynamic_smem_size is smaller.
+//   A function call anywhere in the kernel (printf, a non-inlined function) makes ptxas
+//   serialise the wgmmas (warning C7510): keep calls out of kernels that use run.
+//   A body's own dynamic shared memory must lie past the warpgroups' slices.
+// - coord(i, t, row, col): accumulator i of thread t (0..127 in the warpgroup) holds tile element
+//   (row, col). Accumulators 2j and 2j + 1 are (row, col) and (row, col + 1), so an epilogue
+//   stores pairs. Index acc only with compile-time constants (unrolled loops), else it leaves
+//   the registers.
+// - Types (TA, TB -> TAcc): __half / __half, __nv_bfloat16 / __nv_bfloat16 -> float (HGMMA);
+//   __nv_fp8_e4m3 / __nv_fp8_e5m2 in any pair -> float (QGMMA); float / float -> float as tf32;
+//   int8_t / int8_t -> int (IGMMA). Specialise wgmma_type<T> to map another 16-bit/8-bit type.
+// - Shapes: BM a multiple of 64, BN in {64, 128, 192, 256}; BM * BN / 128 accumulators per
+//   thread must fit in registers beside ~40 others: 128x128 (128 accumulators) is the tile for
+//   one warpgroup, with Stages = 3 two threadgroups fit on an SM (2 x 97 KB of shared memory),
+//   which is how the tensor cores stay busy while one warpgroup waits or stores.
+//
+// Decisions (bench/notes/sm90_wgmma.md has the measurements):
+// (a) Staging: cp.async (LDGSTS, 16-byte, zero-filling past the edges) into the 128-byte-swizzle
+//     layout wgmma reads, in a Stages-deep ring with one barrier per K step. TMA needs a
+//     CUtensorMap per operand, which a body holding raw pointers does not have; cp.async needs
+//     no host involvement and takes any stride. Where an operand's contiguous dimension is not
+//     16-byte aligned (odd strides, unaligned base) the stage is filled element by element.
+// (b) Operand majorness: 16-bit operands whose M (N) stride is 1 are staged MN-major and read
+//     with wgmma's transpose bit, so row-major B (K x N) costs nothing; fp8, tf32 and int8 have
+//     no transpose in wgmma: a non-K-major operand of those types is transposed by the
+//     element-wise path (correct, slow: store fp8 weights K-major, as torch._scaled_mm wants).
+// (c) Rasterisation is the caller's: grouping ~16 M tiles per column of N tiles keeps the
+//     operands of the threadgroups in flight in L2 (the benchmark's body shows it).
+#pragma once
+
+#if defined(KK_TARGET_CUDA)
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+namespace kk::tops::sm90 {
+
+namespace detail {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool arch_ok = true;
+#else
+constexpr bool arch_ok = false;  // wgmma exists only in the sm_90a target
+#endif
+
+template <class A, class B> constexpr bool same = false;
+template <class A> constexpr bool same<A, A> = true;
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; bytes past `src_bytes` (0..16) are zero-filled.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Shared memory written through the generic proxy (cp.async, st.shared), read next by wgmma
+// (the async proxy): each writer fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(int& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// A shared-memory matrix descriptor for the 128-byte swizzle: start, leading and stride byte
+// offsets (PTX ISA, "Matrix Descriptor Format"), each in 16-byte units.
+__device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// The asm operand lists for wgmma m64nNk*, N/2 accumulators (generated; %i numbering).
+#define KK_WG_F(x) "+f"(x)
+#define KK_WG_I(x) "+r"(x)
+#define KK_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define KK_WG_X64 "%32, %33"
+#define KK_WG_S64 "%34"
+#define KK_WG_T64 "%35, %36"
+#define KK_WG_OPS64(C, d) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
+  C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
+  C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
+  C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31])
+#define KK_WG_D128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define KK_WG_X128 "%64, %65"
+#define KK_WG_S128 "%66"
+#define KK_WG_T128 "%67, %68"
+#define KK_WG_OPS128(C, d) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
+  C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
+  C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
+  C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31]), \
+  C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), \
+  C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), \
+  C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), \
+  C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63])
+#define KK_WG_D192 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
+#define KK_WG_X192 "%96, %97"
+#define KK_WG_S192 "%98"
+#define KK_WG_T192 "%99, %100"
+#define KK_WG_OPS192(C, d) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
+  C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
+  C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
+  C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31]), \
+  C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), \
+  C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), \
+  C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), \
+  C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63]), \
+  C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), \
+  C(d[72]), C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), \
+  C(d[80]), C(d[81]), C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87]), \
+  C(d[88]), C(d[89]), C(d[90]), C(d[91]), C(d[92]), C(d[93]), C(d[94]), C(d[95])
+#define KK_WG_D256 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define KK_WG_X256 "%128, %129"
+#define KK_WG_S256 "%130"
+#define KK_WG_T256 "%131, %132"
+#define KK_WG_OPS256(C, d) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
+  C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
+  C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
+  C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31]), \
+  C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), \
+  C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), \
+  C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), \
+  C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63]), \
+  C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), \
+  C(d[72]), C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), \
+  C(d[80]), C(d[81]), C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87]), \
+  C(d[88]), C(d[89]), C(d[90]), C(d[91]), C(d[92]), C(d[93]), C(d[94]), C(d[95]), \
+  C(d[96]), C(d[97]), C(d[98]), C(d[99]), C(d[100]), C(d[101]), C(d[102]), C(d[103]), \
+  C(d[104]), C(d[105]), C(d[106]), C(d[107]), C(d[108]), C(d[109]), C(d[110]), C(d[111]), \
+  C(d[112]), C(d[113]), C(d[114]), C(d[115]), C(d[116]), C(d[117]), C(d[118]), C(d[119]), \
+  C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127])
+
+#define KK_WG_PRED(N) "{\n.reg .pred p;\nsetp.ne.b32 p, " KK_WG_S##N ", 0;\n"
+#define KK_WG_MMA16(N, TYPES)                                                                      \
+  asm volatile(KK_WG_PRED(N) "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPES " " KK_WG_D##N \
+               ", " KK_WG_X##N ", p, 1, 1, " KK_WG_T##N ";\n}\n"                                  \
+               : KK_WG_OPS##N(KK_WG_F, d)                                                         \
+               : "l"(da), "l"(db), "r"(scale_d), "n"(TransA), "n"(TransB))
+#define KK_WG_MMA(N, K, TYPES)                                                                      \
+  asm volatile(KK_WG_PRED(N) "wgmma.mma_async.sync.aligned.m64n" #N "k" #K "." TYPES " " KK_WG_D##N \
+               ", " KK_WG_X##N ", p, 1, 1;\n}\n"                                                    \
+               : KK_WG_OPS##N(KK_WG_F, d)                                                           \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define KK_WG_MMA_S8(N)                                                                            \
+  asm volatile(KK_WG_PRED(N) "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 " KK_WG_D##N    \
+               ", " KK_WG_X##N ", p;\n}\n"                                                         \
+               : KK_WG_OPS##N(KK_WG_I, d)                                                          \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define KK_WG_CASE(N)                                                                              \
+  if constexpr (BN == N) {                                                                         \
+    if constexpr (A == F16) KK_WG_MMA16(N, "f16.f16");                                             \
+    else if constexpr (A == BF16) KK_WG_MMA16(N, "bf16.bf16");                                     \
+    else if constexpr (A == E4M3 && B == E4M3) KK_WG_MMA(N, 32, "f32.e4m3.e4m3");                  \
+    else if constexpr (A == E4M3 && B == E5M2) KK_WG_MMA(N, 32, "f32.e4m3.e5m2");                  \
+    else if constexpr (A == E5M2 && B == E4M3) KK_WG_MMA(N, 32, "f32.e5m2.e4m3");                  \
+    else if constexpr (A == E5M2 && B == E5M2) KK_WG_MMA(N, 32, "f32.e5m2.e5m2");                  \
+    else if constexpr (A == TF32) KK_WG_MMA(N, 8, "f32.tf32.tf32");                                \
+    else KK_WG_MMA_S8(N);                                                                          \
+  }
+
+}  // namespace detail
+
+// wgmma's operand types; a type maps to one through wgmma_type<T>::id.
+enum : int { F16, BF16, E4M3, E5M2, TF32, S8 };
+template <class T> struct wgmma_type { static constexpr int id = -1; };
+template <> struct wgmma_type<__half> { static constexpr int id = F16; };
+template <> struct wgmma_type<__nv_bfloat16> { static constexpr int id = BF16; };
+template <> struct wgmma_type<__nv_fp8_e4m3> { static constexpr int id = E4M3; };
+template <> struct wgmma_type<__nv_fp8_e5m2> { static constexpr int id = E5M2; };
+template <> struct wgmma_type<float> { static constexpr int id = TF32; };
+template <> struct wgmma_type<signed char> { static constexpr int id = S8; };
+
+namespace detail {
+
+// One wgmma.mma_async m64nBNk(32 bytes): this thread's BN/2 accumulators d (+)= A * B, A and B
+// given by descriptors; TransA/TransB: the operand is MN-major (16-bit types only).
+template <int BN, int A, int B, int TransA, int TransB, class TAcc>
+__device__ __forceinline__ void mma(TAcc* d, unsigned long long da, unsigned long long db, int scale_d) {
+  KK_WG_CASE(64) KK_WG_CASE(128) KK_WG_CASE(192) KK_WG_CASE(256)
+}
+
+template <int Bytes> struct bits;
+template <> struct bits<1> { using type = unsigned char; };
+template <> struct bits<2> { using type = unsigned short; };
+template <> struct bits<4> { using type = unsigned; };
+
+__device__ __forceinline__ void st_shared(unsigned addr, unsigned char v) {
+  asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "h"((unsigned short)v) : "memory");
+}
+__device__ __forceinline__ void st_shared(unsigned addr, unsigned short v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// One operand's tile of a stage: R rows of M (or N) by 128 bytes of K, in the layout wgmma
+// reads with the 128-byte swizzle. K-major: R rows of 128 bytes (8-row atoms of 1024 bytes).
+// MN-major: R / 64 slabs, each 64 K-rows of 128 bytes (64 M or N elements). Within each
+// 1024-byte atom, 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+template <class T, int R, bool KMajor> struct stager {
+  static constexpr int size = sizeof(T);
+  static constexpr int n_outer = KMajor ? R : 128 / size;   // rows of 128 bytes per slab
+  static constexpr int inner = KMajor ? 128 / size : R;     // elements along the contiguous side
+  static constexpr int chunks = inner * size / 16;          // 16-byte chunks per row
+  static constexpr int slab = n_outer * 128;                // bytes per slab
+  static constexpr int bytes = R * 128;                     // bytes per stage
+  static_assert(n_outer * chunks % 128 == 0, "each thread copies the same number of chunks");
+
+  const T* p;
+  long os, is;  // strides along the outer (row) and inner (contiguous) sides of the tile
+  int mn_valid;
+  bool vec;     // 16-byte copies: inner stride 1, rows and base 16-byte aligned
+
+  __device__ stager(const T* p_, long mn_stride, long k_stride, int mn_valid_)
+      : p(p_), os(KMajor ? mn_stride : k_stride), is(KMajor ? k_stride : mn_stride), mn_valid(mn_valid_) {
+    vec = is == 1 && ((os * size) & 15) == 0 && (reinterpret_cast<unsigned long long>(p) & 15) == 0;
+  }
+
+  __device__ static unsigned offset(int outer, int inner_byte) {
+    return (inner_byte >> 7) * slab + outer * 128 + ((((inner_byte >> 4) & 7) ^ (outer & 7)) << 4) +
+           (inner_byte & 15);
+  }
+
+  // Stages K elements [k0, k0 + 128 / size) at shared address dst; t: thread in the warpgroup.
+  __device__ void load(unsigned dst, int k0, int K, int t) const {
+    const int k_valid = K - k0;
+    const int outer_valid = KMajor ? mn_valid : k_valid, inner_valid = KMajor ? k_valid : mn_valid;
+    const T* base = p + (long)k0 * (KMajor ? is : os);
+    if (vec) {
+      constexpr int E = 16 / size;
+#pragma unroll
+      for (int n = 0; n < n_outer * chunks / 128; ++n) {
+        const int idx = t + 128 * n, o = idx / chunks, c = idx % chunks;
+        const int left = inner_valid - c * E;
+        const int nbytes = o >= outer_valid ? 0 : left >= E ? 16 : left > 0 ? left * size : 0;
+        cp_async16(dst + offset(o, c * 16), nbytes ? base + (long)o * os + c * E : p, nbytes);
+      }
+    } else {
+      using U = typename bits<size>::type;
+      const U* q = reinterpret_cast<const U*>(base);
+#pragma unroll 4
+      for (int n = 0; n < n_outer * inner / 128; ++n) {
+        const int e = t + 128 * n, o = e / inner, i = e % inner;
+        st_shared(dst + offset(o, i * size), o < outer_valid && i < inner_valid ? q[o * os + i * is] : U(0));
+      }
+    }
+  }
+
+  // The descriptor of the 64-row (A) or whole (B) block `block` at K step kk (32 bytes of K).
+  __device__ static unsigned long long desc(unsigned tile, int block, int kk) {
+    if constexpr (KMajor) return descriptor(tile + block * 64 * 128 + kk * 32, 16, 1024);
+    else return descriptor(tile + block * slab + kk * 16 * 128, slab, 1024);  // 16 K-rows a step
+  }
+};
+
+}  // namespace detail
+
+template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct warpgroup_gemm {
+  static constexpr int A = wgmma_type<TA>::id, B = wgmma_type<TB>::id;
+  static constexpr bool is16 = (A == F16 || A == BF16) && A == B;
+  static constexpr bool is8 = (A == E4M3 || A == E5M2) && (B == E4M3 || B == E5M2);
+  static constexpr bool types_ok = ((is16 || is8 || (A == TF32 && B == TF32)) && detail::same<TAcc, float>) ||
+                                   (A == S8 && B == S8 && detail::same<TAcc, int>);
+  static constexpr bool supported = detail::arch_ok && types_ok && BM % 64 == 0 && BM > 0 &&
+                                    BN % 64 == 0 && BN > 0 && BN <= 256 && Stages >= 2;
+  static constexpr int acc_per_thread = BM * BN / 128;
+  static constexpr int stage_bytes = (BM + BN) * 128;
+  static constexpr int smem_bytes = Stages * stage_bytes + 1024;  // + 1024: aligning the atoms
+  static constexpr int BK = 128 / sizeof(TA);                     // K elements per stage
+
+  __device__ static void coord(int i, int t, int& row, int& col) {
+    const int mi = i / (BN / 2), j = i % (BN / 2), w = t >> 5, l = t & 31;
+    row = mi * 64 + w * 16 + (l >> 2) + 8 * ((j >> 1) & 1);
+    col = (j >> 2) * 8 + (l & 3) * 2 + (j & 1);
+  }
+
+  __device__ static void run(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
+                             long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate) {
+    static_assert(supported, "warpgroup_gemm: types, tile shape or target (sm_90a) not supported");
+    // 16-bit operands whose M (N) stride is 1 go MN-major (wgmma transposes them); others K-major.
+    const bool mn_a = is16 && a_rs == 1 && a_cs != 1, mn_b = is16 && b_cs == 1 && b_rs != 1;
+    if constexpr (is16) {
+      if (mn_a && mn_b) return run_as<false, false>(acc, A_, a_rs, a_cs, B_, b_rs, b_cs, m_valid, n_valid, K, accumulate);
+      if (mn_a) return run_as<false, true>(acc, A_, a_rs, a_cs, B_, b_rs, b_cs, m_valid, n_valid, K, accumulate);
+      if (mn_b) return run_as<true, false>(acc, A_, a_rs, a_cs, B_, b_rs, b_cs, m_valid, n_valid, K, accumulate);
+    }
+    run_as<true, true>(acc, A_, a_rs, a_cs, B_, b_rs, b_cs, m_valid, n_valid, K, accumulate);
+  }
+
+ private:
+  template <bool KA, bool KB>
+  __device__ static void run_as(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
+                                long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate) {
+    using namespace detail;
+    const int linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int t = linear & 127, wg = linear >> 7;
+    unsigned dynamic;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+    // Too little shared memory would corrupt the caller's: trap (no printf: any call in the
+    // kernel makes ptxas serialise every wgmma, warning C7510).
+    if (dynamic < unsigned((wg + 1) * smem_bytes)) __trap();
+    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
+    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + wg * smem_bytes + 1023) & ~1023u;
+    const int barrier = 1 + wg;
+
+    const stager<TA, BM, KA> sa(A_, a_rs, a_cs, m_valid);
+    const stager<TB, BN, KB> sb(B_, b_cs, b_rs, n_valid);
+    if (!accumulate) {
+#pragma unroll
+      for (int i = 0; i < acc_per_thread; ++i) acc[i] = TAcc(0);
+    }
+    const int tiles = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < Stages - 1; ++s) {
+      if (s < tiles) {
+        sa.load(base + s * stage_bytes, s * BK, K, t);
+        sb.load(base + s * stage_bytes + sa.bytes, s * BK, K, t);
+      }
+      cp_async_commit();  // empty groups too: the wait below counts groups
+    }
+#pragma unroll 1
+    for (int kt = 0; kt < tiles; ++kt) {
+      cp_async_wait<Stages - 2>();  // this thread's copies of tile kt have landed
+      fence_proxy_async();
+      warpgroup_barrier(barrier);   // everyone's have; and every warp finished tile kt - 1's MMAs
+      const unsigned a_tile = base + (kt % Stages) * stage_bytes, b_tile = a_tile + sa.bytes;
+#pragma unroll
+      for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const unsigned long long db = stager<TB, BN, KB>::desc(b_tile, 0, kk);
+#pragma unroll
+        for (int mi = 0; mi < BM / 64; ++mi)
+          mma<BN, A, B, KA ? 0 : 1, KB ? 0 : 1>(acc + mi * (BN / 2), stager<TA, BM, KA>::desc(a_tile, mi, kk),
+                                                db, 1);
+      }
+      wgmma_commit();
+      // While the tensor cores run tile kt, copy tile kt + Stages - 1 into the stage tile kt - 1
+      // left (its MMAs finished before the barrier above).
+      const int next = kt + Stages - 1;
+      if (next < tiles) {
+        sa.load(base + (next % Stages) * stage_bytes, next * BK, K, t);
+        sb.load(base + (next % Stages) * stage_bytes + sa.bytes, next * BK, K, t);
+      }
+      cp_async_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
+    }
+    cp_async_wait<0>();
+    warpgroup_barrier(barrier);  // the stages may be refilled by the next run
+  }
+};
+
+}  // namespace kk::tops::sm90
+#endif  // KK_TARGET_CUDA
