@@ -140,7 +140,8 @@ def test_invalid_memory_access_is_a_launch_error_and_the_process_lives():
     k = kk.metal_kernel(name="wild", input_names=["a"], output_names=["out"], source=body)
     with pytest.raises(kk.KernelLaunchError,
                        match=r"kernel '.*wild.*': invalid memory access at address 0x10 \(SIGSEGV\) "
-                             r"in threadgroup \(0,0,0\) \(the CPU backend stopped the launch; an "
+                             r"in thread \(0,0,0\) of threadgroup \(0,0,0\), grid position \(0,0,0\) "
+                             r"\(the CPU backend stopped the launch; an "
                              r"out-of-bounds index is the usual cause\)"):
         k(inputs=[torch.zeros(4)], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
           output_dtypes=[torch.float32])

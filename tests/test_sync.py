@@ -295,28 +295,119 @@ def test_early_return_whole_simdgroups_and_barrier(device):
 
 
 # ---------------------------------------------------------------------------------------------
+# SIMD-group functions in divergent code (issue 14): the lanes that reach a call are its active
+# lanes, whatever the others do (wait at a barrier, run the other side of a branch). Only results
+# that a GPU defines are checked (a shuffle from an inactive lane is not).
+
+DIVERGENT_SIMD = """
+    uint i = thread_position_in_grid.x;
+    uint lane = thread_index_in_simdgroup;
+    uint sg = simdgroup_index_in_threadgroup;
+    int v = inp[i];
+    int a = -1, b = -1, c = -1, d = -1, e = -1;
+    if (sg == 0 && lane < 8) {   // a scan step of 8 lanes; lanes 8-31 and SIMD-group 1 wait below
+        a = simd_shuffle_up(v, 1);
+        b = simd_prefix_exclusive_sum(v);
+        c = simd_sum(v);
+        d = quad_sum(v);
+        e = quad_shuffle_xor(v, 1);
+    } else if (sg == 1) {        // both sides of a branch, each with its own lanes
+        if (lane < 16) {
+            a = simd_sum(v);
+            b = simd_prefix_inclusive_sum(v);
+            c = simd_max(v);
+        } else {
+            a = simd_min(v);
+            b = int(uint64_t(simd_ballot(v > 0)) >> 16);
+            c = simd_broadcast_first(v);
+            d = simd_is_first() ? 1 : 0;
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[5 * i] = a;
+    out[5 * i + 1] = b;
+    out[5 * i + 2] = c;
+    out[5 * i + 3] = d;
+    out[5 * i + 4] = e;
+"""
+
+
+def divergent_simd_reference(xs):
+    out = []
+    for g0 in range(0, len(xs), 64):
+        w0, w1 = xs[g0:g0 + 32], xs[g0 + 32:g0 + 64]
+        for lane in range(32):
+            v = w0[lane]
+            if lane < 8:
+                q = lane & ~3
+                out += [w0[lane - 1] if lane else v, sum(w0[:lane]), sum(w0[:8]),
+                        sum(w0[q:q + 4]), w0[lane ^ 1]]
+            else:
+                out += [-1] * 5
+        lo, hi = w1[:16], w1[16:]
+        for lane in range(32):
+            if lane < 16:
+                out += [sum(lo), sum(lo[:lane + 1]), max(lo), -1, -1]
+            else:
+                ballot = sum(1 << k for k, x in enumerate(hi) if x > 0)
+                out += [min(hi), ballot, hi[0], int(lane == 16), -1]
+    return out
+
+
+def test_simd_functions_in_divergent_code_beside_a_barrier(device):
+    k = kk.metal_kernel(name="divergent_simd", input_names=["inp"], output_names=["out"],
+                        source=DIVERGENT_SIMD)
+    n = 64 * 37
+    x = torch.randint(-50, 51, (n,), dtype=torch.int32, device=device)
+    out = launch(k, device, [x], [(5 * n,)], [torch.int32], (n, 1, 1), (64, 1, 1))[0]
+    assert out.cpu().tolist() == divergent_simd_reference(x.cpu().tolist())
+
+
+DIVERGENT_SHFL = """
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int i = blockIdx.x * blockDim.x + tid;
+    __shared__ int seen[64];
+    int v = inp[i];
+    int up = -1, x = -1, b = -1;
+    if (warp == 0 && lane < 8) {   // lanes 8-31 and warp 1 are at __syncthreads
+        up = __shfl_up_sync(0xffu, v, 1);
+        x = v + __shfl_xor_sync(0xffu, v, 4);
+        b = int(__ballot_sync(0xffu, v > 0));
+    }
+    seen[tid] = v;
+    __syncthreads();
+    out[4 * i] = up;
+    out[4 * i + 1] = x;
+    out[4 * i + 2] = b;
+    out[4 * i + 3] = seen[63 - tid];
+"""
+
+
+def test_cuda_partial_mask_shuffles_beside_syncthreads(device):
+    k = kk.cuda_kernel(name="divergent_shfl", input_names=["inp"], output_names=["out"],
+                       source=DIVERGENT_SHFL)
+    n = 64 * 21
+    x = torch.randint(-50, 51, (n,), dtype=torch.int32, device=device)
+    out = launch(k, device, [x], [(4 * n,)], [torch.int32], (n, 1, 1), (64, 1, 1))[0]
+    xs, ref = x.cpu().tolist(), []
+    for g0 in range(0, n, 64):
+        w = xs[g0:g0 + 8]
+        ballot = sum(1 << k for k, v in enumerate(w) if v > 0)
+        for t in range(64):
+            v = xs[g0 + t]
+            if t < 8:
+                ref += [w[t - 1] if t else v, v + w[t ^ 4], ballot]
+            else:
+                ref += [-1, -1, -1]
+            ref.append(xs[g0 + 63 - t])
+    assert out.cpu().tolist() == ref
+
+
+# ---------------------------------------------------------------------------------------------
 # CPU only: kernels that can never complete raise KernelLaunchError, quickly, and the runtime
 # stays usable afterwards.
 
 DEADLOCKS = {
-    # a SIMD-group function reached by only part of the SIMD-group (the other part at another one)
-    "divergent_simd_sum": ("""
-    uint lane = thread_index_in_simdgroup;
-    int v = inp[thread_position_in_grid.x];
-    int x;
-    if (!bad || lane < 16) x = simd_sum(v);   // site
-    else x = simd_max(v);                     // site
-    out[thread_position_in_grid.x] = x;
-""", ["simd_sum", "simd_max"]),
-    # even lanes call simd_sum while odd lanes wait at a barrier
-    "simd_vs_barrier": ("""
-    uint lane = thread_index_in_simdgroup;
-    int v = inp[thread_position_in_grid.x];
-    int x = 0;
-    if (!bad || lane % 2 == 0) x = simd_sum(v);                                   // site
-    if (!bad || lane % 2 == 1) threadgroup_barrier(mem_flags::mem_threadgroup);   // site
-    out[thread_position_in_grid.x] = x;
-""", ["simd_sum", "threadgroup_barrier"]),
     # threads 0..31 wait at one barrier, threads 32..63 at another
     "two_barriers": ("""
     uint tid = thread_index_in_threadgroup;
@@ -327,23 +418,19 @@ DEADLOCKS = {
     }
     out[thread_position_in_grid.x] = inp[thread_position_in_grid.x];
 """, ["threadgroup_barrier", "cannot complete"]),
-    # half of each SIMD-group waits at a barrier while the other half spins at a SIMD function
-    # waiting for a flag that only the first half would set
-    "barrier_vs_spinning_simd": ("""
-    uint tid = thread_index_in_threadgroup;
+    # half of a SIMD-group leaves a loop of SIMD-group functions for a barrier, the other half
+    # goes on to another barrier
+    "simd_loop_then_two_barriers": ("""
     uint lane = thread_index_in_simdgroup;
-    threadgroup int flag;
-    if (tid == 0) flag = 0;
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    int spins = 0;
-    if (bad && lane < 16) {
-        threadgroup_barrier(mem_flags::mem_threadgroup);              // site
-        flag = 1;
+    int v = inp[thread_position_in_grid.x];
+    for (uint k = 0; k < (lane & 3u); ++k) v = simd_sum(v) & 1023;
+    if (!bad || lane < 16) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);   // site
     } else {
-        while (!simd_any(flag != 0) && spins < 100) ++spins;          // site
+        threadgroup_barrier(mem_flags::mem_threadgroup);   // site
     }
-    out[thread_position_in_grid.x] = inp[thread_position_in_grid.x] + spins;
-""", ["simd_any", "threadgroup_barrier"]),
+    out[thread_position_in_grid.x] = v;
+""", ["threadgroup_barrier", "cannot complete"]),
 }
 
 
@@ -394,9 +481,6 @@ def test_cpu_impossible_synchronisation_raises(case):
     # the runtime is still usable: the same kernel and a fresh one run correctly
     again = call(False)
     assert torch.equal(again, good)
-    if case == "divergent_simd_sum":
-        ref = [sum(c) for c in x.view(-1, 32).tolist() for _ in range(32)]
-        assert again.tolist() == ref
     reduce_k = kk.metal_kernel(name="after_deadlock", input_names=["inp"], output_names=["out"],
                                source=TREE_REDUCE)
     out = reduce_k(inputs=[x], output_shapes=[(1,)], output_dtypes=[torch.int32], grid=(n, 1, 1),

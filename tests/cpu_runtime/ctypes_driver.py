@@ -167,7 +167,7 @@ def check_segv():
     x = np.ones(4096, np.float32)
     y = np.zeros_like(x)
     # 16 groups over the pool: whichever participant faults first reports.
-    for lib, sync, where in [(k0, 0, "(SIGSEGV) in threadgroup ("),
+    for lib, sync, where in [(k0, 0, "(SIGSEGV) in thread (0,0,0) of threadgroup ("),
                              (k1, 1, "(SIGSEGV) in thread (0,0,0) of threadgroup (")]:
         desc = LaunchDesc(Dim3(4096, 1, 1), Dim3(256, 1, 1), Dim3(16, 1, 1), sync, b"wild")
         args = Args(0x10, y.ctypes.data, 4096)  # inp: an invalid address
@@ -202,6 +202,6 @@ CHECKS = {
 }
 
 if __name__ == "__main__":
-    assert RT.kk_rt_abi_version() == 1
+    assert RT.kk_rt_abi_version() == 2
     CHECKS[sys.argv[2]]()
     print("ok", sys.argv[2])

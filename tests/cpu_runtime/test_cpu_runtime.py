@@ -123,12 +123,7 @@ def test_ucontext_fallback(build):
 
 
 def test_error_text(build):
-    out = _run([build / "rt_tests", "divergent", "deadlock"], build / "rt")
-    assert re.search(
-        r"kernel 'divergent': simd_sum at \S*rt_tests\.cpp:\d+ reached by lanes 0-15 of "
-        r"SIMD-group 0 in threadgroup \(3,0,0\) while lanes 16-31 wait at threadgroup_barrier "
-        r"at \S*rt_tests\.cpp:\d+; Metal requires all active lanes of a SIMD-group to call a "
-        r"SIMD-group function together \(or lanes to have returned\)", out), out
+    out = _run([build / "rt_tests", "deadlock"], build / "rt")
     assert re.search(
         r"kernel 'deadlock': threadgroup_barrier at \S+:\d+ in threadgroup \(0,0,0\) cannot "
         r"complete: threads 0-127 wait there while threads 128-255 wait at threadgroup_barrier "

@@ -28,7 +28,7 @@ T = TypeVar("T")
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 RUNTIME_SOURCE = INCLUDE / "kernelkit" / "cpu_runtime.cpp"
 _RUNTIME_HEADERS = ("cpu_runtime.h", "launch.h")  # part of the runtime's cache key
-_RUNTIME_ABI = 1  # KK_RT_ABI_VERSION in cpu_runtime.h
+_RUNTIME_ABI = 2  # KK_RT_ABI_VERSION in cpu_runtime.h
 MAX_THREADS_PER_GROUP = 1024
 _ERROR_CAPACITY = 2048  # bytes for the runtime's error message
 _BASE_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",

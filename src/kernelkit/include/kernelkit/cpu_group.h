@@ -32,9 +32,10 @@ inline unsigned cpu_extent(unsigned grid, unsigned group, unsigned gid) {
   return left < group ? left : group;
 }
 
-// Calls f(const kk_thread_ctx&) for every existing thread of group gid, x fastest.
+// Calls f(const kk_thread_ctx&) for every existing thread of group gid, x fastest;
+// or, when `only` is not NULL, for that thread alone (kk_rt_loop_only).
 template <class F>
-inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, F&& f) {
+inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, const kk_dim3* only, F&& f) {
   const kk_dim3 g = d->group;
   kk_thread_ctx t;
   t.gid = gid;
@@ -49,17 +50,27 @@ inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, F&& f) {
   // The x loop runs over the grid position px, which cannot wrap: the body's
   // gid.x * tg_dispatch.x + tid.x folds back to px, an affine index the
   // vectoriser understands (a 32-bit tid.x + base would not be).
-  const unsigned x0 = gid.x * g.x, x1 = x0 + sx;
-  for (unsigned z = 0; z < sz; ++z) {
-    for (unsigned y = 0; y < sy; ++y) {
+  const unsigned x0 = gid.x * g.x;
+  unsigned xa = x0, xb = x0 + sx, y0 = 0, y1 = sy, z0 = 0, z1 = sz;
+  if (__builtin_expect(only != nullptr, 0)) {
+    xa = x0 + only->x, xb = xa + 1, y0 = only->y, y1 = y0 + 1, z0 = only->z, z1 = z0 + 1;
+  }
+  for (unsigned z = z0; z < z1; ++z) {
+    for (unsigned y = y0; y < y1; ++y) {
       const unsigned base = y * g.x + z * g.x * g.y - x0;
-      for (unsigned px = x0; px < x1; ++px) {
+      for (unsigned px = xa; px < xb; ++px) {
         t.tid = kk_dim3{px - x0, y, z};
         t.tindex = base + px;
         f(static_cast<const kk_thread_ctx&>(t));
       }
     }
   }
+}
+
+// Every thread of the group (host programs and tests that drive groups themselves).
+template <class F>
+inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, F&& f) {
+  cpu_group_loop(d, gid, nullptr, static_cast<F&&>(f));
 }
 
 }  // namespace kk
@@ -89,7 +100,7 @@ inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, F&& f) {
 #define KK_CPU_KERNEL_SELECT(ARGS, BODY, SYNC) KK_CPU_KERNEL_##SYNC(ARGS, BODY)
 
 #define KK_CPU_KERNEL_0(ARGS, BODY)                                                        \
-  static void kk_group_impl(const void* a, const kk_launch_desc* d, kk_dim3 gid, void*) {   \
+  static void kk_group_impl(const void* a, const kk_launch_desc* d, kk_dim3 gid, void* w) { \
     KK_CPU_LOOP(ARGS, BODY);                                                               \
   }                                                                                        \
   KK_CPU_EXPORTS
@@ -108,7 +119,8 @@ inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, F&& f) {
     ARGS kk_args_copy;                                                                     \
     __builtin_memcpy(&kk_args_copy, a, sizeof(ARGS));                                      \
     const ARGS& kk_args_ref = kk_args_copy;                                                \
-    ::kk::cpu_group_loop(d, gid, [&kk_args_ref](const kk_thread_ctx& t) { BODY(kk_args_ref, t); }); \
+    ::kk::cpu_group_loop(d, gid, kk_rt_loop_only(w),                                      \
+                         [&kk_args_ref](const kk_thread_ctx& t) { BODY(kk_args_ref, t); }); \
   } while (0)
 
 #define KK_CPU_THREAD_FN(ARGS, BODY)                                                       \

@@ -1,5 +1,5 @@
 // kernelkit/cpu_runtime.h: the C ABI of the CPU runtime (libkkrt, built from
-// cpu_runtime.cpp). Kernel libraries call it; Python calls kk_launch in a kernel
+// cpu_runtime.cpp and its parts in cpu_runtime/). Kernel libraries call it; Python calls kk_launch in a kernel
 // library (which calls kk_rt_launch). libkkrt must be loaded with RTLD_GLOBAL
 // before any kernel library so that these symbols resolve against it.
 //
@@ -8,6 +8,8 @@
 // thread, one group at a time per OS thread: either as a plain loop over its
 // threads (a kernel with no barrier or SIMD-group function) or as one fiber per
 // thread, scheduled round-robin, which block at barriers and SIMD rendezvous.
+// Every kernel thread runs on a stack of KERNELKIT_CPU_STACK_SIZE bytes (default
+// 8 MiB, committed as it is touched).
 #pragma once
 
 #include <stddef.h>
@@ -18,7 +20,7 @@
 extern "C" {
 #endif
 
-#define KK_RT_ABI_VERSION 1
+#define KK_RT_ABI_VERSION 2
 
 // Runs ONE thread of the kernel (fiber mode).
 typedef void (*kk_thread_fn)(const void* args, const kk_thread_ctx* t);
@@ -37,6 +39,11 @@ int kk_rt_launch(kk_group_fn group, const void* args, const kk_launch_desc* d, c
 void kk_rt_run_fibers(void* worker, kk_thread_fn fn, const void* args, const kk_launch_desc* d,
                       kk_dim3 gid);
 
+// Loop mode (from inside a kk_group_fn): NULL to run every thread of the group, or
+// the one thread to run (the runtime runs a group again one thread at a time to
+// find which thread faulted).
+const kk_dim3* kk_rt_loop_only(void* worker);
+
 // The context of the fiber running on this OS thread (NULL outside fiber mode).
 // Set by the runtime before every fiber resumes.
 extern __thread const kk_thread_ctx* kk_rt_current;
@@ -46,9 +53,11 @@ extern __thread const kk_thread_ctx* kk_rt_current;
 void kk_rt_threadgroup_barrier(const kk_thread_ctx* t, const kk_site* site);
 void kk_rt_simdgroup_barrier(const kk_thread_ctx* t, const kk_site* site);
 
-// Rendezvous of the live lanes of t's SIMD-group at one site: returns the mask of
-// the lanes taking part (all live lanes) and fills all_out[lane*size .. +size) with
-// each of their `in` (slots of other lanes are unspecified). size may be 0.
+// Rendezvous of the lanes of t's SIMD-group at one site: the live lanes waiting at
+// this site when every live lane of the group is blocked (at a SIMD site, a barrier)
+// or has returned are the call's active lanes (Metal's and CUDA's active-lane
+// semantics). Returns their mask and fills all_out[lane*size .. +size) with each of
+// their `in` (slots of other lanes are unspecified). size may be 0.
 unsigned kk_rt_simd_exchange(const kk_thread_ctx* t, const kk_site* site, const void* in,
                              void* all_out, size_t size);
 
