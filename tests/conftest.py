@@ -39,8 +39,9 @@ def _compile_every_kernel_for_sm90():
         variant = original(self, *args, **kwargs)
         source = self._generate("cuda", variant.signature)  # checked variants too
         flags = tuple(self.dialect.compile_flags("cuda", self.math_mode))
-        CACHE.get(key_of(source, self.math_mode, *flags, "sm_90", cuda.nvrtc_identity()), ".cubin",
-                  source, lambda: cuda.compile_source(source, "sm_90", self.math_mode, flags))
+        arch = cuda.target_arch("sm_90", source)  # sm_90a for tensor-op kernels, as on an H100
+        CACHE.get(key_of(source, self.math_mode, *flags, arch, cuda.nvrtc_identity()), ".cubin",
+                  source, lambda: cuda.compile_source(source, arch, self.math_mode, flags))
         return variant
 
     Kernel._build = build

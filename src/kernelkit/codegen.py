@@ -11,6 +11,17 @@ from __future__ import annotations
 
 from .signature import Signature
 
+# A kernel that uses tensor ops (include/kernelkit/tensor_ops.h) says so with this line, which the
+# dialect's `defines` emits: the header follows the prelude, and the backends compile the unit as
+# C++20 (matmul2d takes its descriptor as a class-type template argument) and, on a Hopper GPU,
+# for sm_90a.
+TENSOR_OPS = "#define KK_TENSOR_OPS 1"
+
+
+def uses_tensor_ops(source: str) -> bool:
+    return TENSOR_OPS in source
+
+
 MATH_MACROS = {"safe": "KK_MATH_SAFE", "relaxed": "KK_MATH_RELAXED", "fast": "KK_MATH_FAST"}
 # The header that defines each target's entry machinery.
 _ENTRY_HEADER = {"cuda": "kernelkit/entry_cuda.h", "cpu": "kernelkit/cpu_group.h"}
@@ -26,10 +37,13 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
     `debug`: a checked variant's debugging.Plan (header and body already rewritten for it)."""
     ns = dialect.NAMESPACE
     fn = function_name(name)
+    defines = dialect.defines(header, body)
     out = [f"#define KK_TARGET_{target.upper()} 1",
            f"#define {MATH_MACROS[math_mode]} 1",
-           *dialect.defines(header, body),
+           *defines,
            f"#include <{dialect.PRELUDE}>"]
+    if TENSOR_OPS in defines:
+        out.append("#include <kernelkit/tensor_ops.h>")
     if target == "cpu":  # threads of a group as fibers, or as a plain loop
         out.append(f"#define KK_CPU_SYNC {int(uses_sync)}")
     out.append(f"#include <{_ENTRY_HEADER[target]}>")

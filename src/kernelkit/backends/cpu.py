@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from .. import codegen
 from ..cache import CACHE, key_of
 from ..errors import CompileError, KernelLaunchError
 from . import groups_per_grid
@@ -75,7 +76,8 @@ def compile_source(source: str, math_mode: str, extra: tuple[str, ...] = ()) -> 
     with tempfile.TemporaryDirectory(prefix="kernelkit-") as tmp:
         src, out = os.path.join(tmp, "kernel.cpp"), os.path.join(tmp, "kernel.so")
         Path(src).write_text(source)
-        cmd = [cxx, *_BASE_FLAGS, *_MATH_FLAGS[math_mode], *extra, f"-I{INCLUDE}", src, "-o", out]
+        std = ["-std=c++20"] if codegen.uses_tensor_ops(source) else []  # after _BASE_FLAGS' c++17
+        cmd = [cxx, *_BASE_FLAGS, *std, *_MATH_FLAGS[math_mode], *extra, f"-I{INCLUDE}", src, "-o", out]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             log = (proc.stderr + proc.stdout).replace(src + ":", "kernel.cpp:").strip()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .. import codegen
 from ..errors import CompileError, GPUFault, KernelLaunchError
 from . import groups_per_grid
 
@@ -124,12 +125,19 @@ def nvrtc_version() -> str:
     return f"nvrtc-{major}.{minor}"
 
 
+def target_arch(arch: str, source: str) -> str:
+    """The architecture to compile `source` for on a device of `arch`: Hopper's wgmma (tensor ops)
+    needs the arch-specific sm_90a."""
+    return arch + "a" if arch == "sm_90" and codegen.uses_tensor_ops(source) else arch
+
+
 def compile_source(source: str, arch: str, math_mode: str, extra: tuple[str, ...] = ()) -> bytes:
     """CUDA C++ -> cubin for `arch` (e.g. "sm_90")."""
     nvrtc = _nvrtc()
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
     try:
-        opts = [f"-arch={arch}", "-std=c++17", "-default-device", f"-I{INCLUDE}",
+        std = "-std=c++20" if codegen.uses_tensor_ops(source) else "-std=c++17"
+        opts = [f"-arch={arch}", std, "-default-device", f"-I{INCLUDE}",
                 *(f"-I{d}" for d in cuda_include_dirs()), *_MATH_FLAGS[math_mode], *extra]
         opts = [o.encode() for o in opts]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
@@ -305,11 +313,12 @@ class CudaBackend:
               context: str, body: str, header: str, block_size: int, entry: str):
         from ..cache import CACHE, key_of
         dev = Device.get(device.index)
-        key = key_of(source, math_mode, *flags, dev.arch, nvrtc_identity())
+        arch = target_arch(dev.arch, source)
+        key = key_of(source, math_mode, *flags, arch, nvrtc_identity())
 
         def compile_():
             try:
-                return compile_source(source, dev.arch, math_mode, flags)
+                return compile_source(source, arch, math_mode, flags)
             except CompileError as e:
                 raise e.with_context(context, body, header) from None
 

@@ -33,10 +33,21 @@ _SWIZZLE = re.compile(r"(?:[xyzw]{1,4}|[rgba]{1,4})\Z")
 _COMPONENT = {c: i for i, c in enumerate("xyzw")} | {c: i for i, c in enumerate("rgba")}
 # Names whose use means the kernel synchronises threads: the CPU runs it as fibers.
 _SYNC = re.compile(r"(?:simd_|quad_)\w+|(?:threadgroup|simdgroup)_barrier")
+# Tensor ops (include/kernelkit/tensor_ops.h): a body or header that includes their Metal headers or
+# names them. Their ops are SIMD-group operations: the CPU runs such kernels as fibers.
+_TENSOR_OPS_INCLUDE = re.compile(
+    r"#\s*include\s*<(?:metal_tensor|metal_simdgroup_matrix|MetalPerformancePrimitives/\w+\.h)>")
+_TENSOR_OPS_NAMES = re.compile(r"matmul2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)|dextents|"
+                               r"tensor_(?:inline|handle|offset)|simdgroup_\w+|make_filled_simdgroup_matrix")
 
 
 def uses_sync(idents: set[str]) -> bool:
-    return any(_SYNC.fullmatch(i) for i in idents)
+    return any(_SYNC.fullmatch(i) or _TENSOR_OPS_NAMES.fullmatch(i) for i in idents)
+
+
+def uses_tensor_ops(header: str, body: str) -> bool:
+    return any(_TENSOR_OPS_INCLUDE.search(t) for t in (header, body)) or \
+        any(_TENSOR_OPS_NAMES.fullmatch(i) for i in identifiers(header) | identifiers(body))
 
 
 def lower(source: str, avoid: set[str], program_scope: bool) -> str:
@@ -159,6 +170,8 @@ def type_name(dtype) -> str:
 
 
 def defines(header: str, body: str) -> list[str]:
+    if uses_tensor_ops(header, body):  # codegen.TENSOR_OPS, and simdgroup_matrix (MSL only)
+        return ["#define KK_TENSOR_OPS 1", "#define KK_TENSOR_OPS_MSL 1"]
     return []
 
 

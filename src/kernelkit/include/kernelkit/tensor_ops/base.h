@@ -1,0 +1,76 @@
+// kernelkit/tensor_ops/base.h: what every tensor-op header needs: a few type traits (NVRTC has no
+// <type_traits>), where the calling thread sits in its threadgroup, and the one cross-lane
+// primitive the layer is built on. Written on the target contract (DESIGN.md), for both targets
+// and both dialects.
+#pragma once
+
+// Call sites of the operations that meet other lanes (the CPU runtime matches lanes by site;
+// see kernelkit/launch.h). A defaulted trailing parameter names the user's line.
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define KK_TOPS_SITE(op) {(op), nullptr, 0u}
+#else
+#define KK_TOPS_SITE(op) {(op), __builtin_FILE(), static_cast<unsigned>(__builtin_LINE())}
+#endif
+
+namespace kk {
+namespace tops {
+
+using usize = decltype(sizeof(0));
+
+template <bool B, class T = void> struct enable_if {};
+template <class T> struct enable_if<true, T> { using type = T; };
+template <bool B, class T = void> using enable_if_t = typename enable_if<B, T>::type;
+template <bool B, class T, class F> struct conditional { using type = T; };
+template <class T, class F> struct conditional<false, T, F> { using type = F; };
+template <bool B, class T, class F> using conditional_t = typename conditional<B, T, F>::type;
+template <class A, class B> inline constexpr bool is_same_v = false;
+template <class A> inline constexpr bool is_same_v<A, A> = true;
+template <class T> struct remove_const { using type = T; };
+template <class T> struct remove_const<const T> { using type = T; };
+template <class T> using remove_const_t = typename remove_const<T>::type;
+template <class T> struct remove_cvref { using type = T; };
+template <class T> struct remove_cvref<const T> { using type = T; };
+template <class T> struct remove_cvref<T&> : remove_cvref<T> {};
+template <class T> struct remove_cvref<T&&> : remove_cvref<T> {};
+template <class T> using remove_cvref_t = typename remove_cvref<T>::type;
+template <class T> inline constexpr bool is_integer_v = false;
+template <> inline constexpr bool is_integer_v<signed char> = true;
+template <> inline constexpr bool is_integer_v<unsigned char> = true;
+template <> inline constexpr bool is_integer_v<char> = true;
+template <> inline constexpr bool is_integer_v<short> = true;
+template <> inline constexpr bool is_integer_v<unsigned short> = true;
+template <> inline constexpr bool is_integer_v<int> = true;
+template <> inline constexpr bool is_integer_v<unsigned> = true;
+template <> inline constexpr bool is_integer_v<long> = true;
+template <> inline constexpr bool is_integer_v<unsigned long> = true;
+template <> inline constexpr bool is_integer_v<long long> = true;
+template <> inline constexpr bool is_integer_v<unsigned long long> = true;
+template <class> inline constexpr bool always_false_v = false;
+template <class T> struct type_identity { using type = T; };
+template <class T> using type_identity_t = typename type_identity<T>::type;
+
+constexpr KK_FN int ceil_div(int a, int b) { return (a + b - 1) / b; }
+constexpr KK_FN int min_int(int a, int b) { return a < b ? a : b; }
+constexpr KK_FN int max_int(int a, int b) { return a > b ? a : b; }
+
+// The calling thread's lane in its SIMD-group, and the SIMD-group's index in the threadgroup
+// (Metal's thread_index_in_threadgroup / 32).
+KK_FN unsigned lane_id() { return kk::simd_lane(); }
+KK_FN unsigned simdgroup_id() {
+#if defined(KK_TARGET_CUDA)
+  return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) >> 5;
+#else
+  return kk_rt_current->tindex >> 5;
+#endif
+}
+
+// v of lane `from` of this SIMD-group: every lane of the SIMD-group calls it together (the
+// layer's loops are uniform), as __shfl_sync with a full mask. On the CPU a rendezvous of the
+// lanes at the user's call site.
+template <class T>
+KK_FN T lane_read(const T& v, unsigned from, const kk::site& s) {
+  return kk::simd_shuffle(v, from, s);
+}
+
+}  // namespace tops
+}  // namespace kk

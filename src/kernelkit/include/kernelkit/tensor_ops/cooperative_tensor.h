@@ -1,0 +1,136 @@
+// kernelkit/tensor_ops/cooperative_tensor.h: metal::cooperative_tensor<T, Extents, Layout>, the
+// per-thread share of a tensor that an op spreads over the threads of its scope (which thread
+// holds which element: layout.h). Apple's members: get_capacity, operator[], get / set (checked),
+// is_valid_element (Apple's comments call it get_mask: both work), get_multidimensional_index,
+// begin / end, map_iterator, load / store (from / to a tensor: elements past the tensor's extents
+// load as zero and are not stored). Kernels get one from a matmul2d op (matmul2d.h), never build
+// one themselves. Its elements start at zero.
+#pragma once
+
+namespace metal {
+
+template <class ElementType, class Extents, class Layout>
+struct cooperative_tensor {
+  static_assert(kk::tops::is_layout_v<Layout>, "cooperative_tensor: get one from a matmul2d op");
+  using element_type = ElementType;
+  using value_type = ElementType;
+  using extents_type = Extents;
+  using index_type = typename Extents::index_type;
+  using thread_index_type = unsigned short;
+  using thread_size_type = unsigned short;
+  using layout = Layout;
+  static constexpr int capacity = Layout::capacity;
+  static constexpr int rank = Layout::rank;
+
+  ElementType v[capacity > 0 ? capacity : 1] = {};
+
+  template <class CT>
+  struct basic_iterator {
+    CT* ct;
+    int idx;
+    using element_type = ElementType;
+    KK_FN auto& operator*() const { return ct->v[idx]; }
+    KK_FN auto* operator->() const { return &ct->v[idx]; }
+    KK_FN basic_iterator& operator++() { ++idx; return *this; }
+    KK_FN basic_iterator operator++(int) { basic_iterator r = *this; ++idx; return r; }
+    KK_FN basic_iterator& operator--() { --idx; return *this; }
+    KK_FN basic_iterator operator--(int) { basic_iterator r = *this; --idx; return r; }
+    KK_FN basic_iterator& operator+=(int d) { idx += d; return *this; }
+    KK_FN basic_iterator operator+(int d) const { return {ct, idx + d}; }
+    KK_FN bool operator==(const basic_iterator& o) const { return idx == o.idx && ct == o.ct; }
+    KK_FN bool operator!=(const basic_iterator& o) const { return !(*this == o); }
+    KK_FN bool is_valid_element() const { return Layout::is_valid(idx); }
+    KK_FN array<index_type, rank> get_multidimensional_index() const { return ct->get_multidimensional_index(idx); }
+    KK_FN int get_index() const { return idx; }
+  };
+  using iterator = basic_iterator<cooperative_tensor>;
+  using const_iterator = basic_iterator<const cooperative_tensor>;
+
+  static constexpr KK_FN int get_rank() { return rank; }
+  constexpr KK_FN thread_size_type get_capacity() const { return thread_size_type(capacity); }
+  KK_FN bool is_valid_element(int i) const { return Layout::is_valid(i); }
+  template <class CT> KK_FN bool is_valid_element(basic_iterator<CT> it) const { return Layout::is_valid(it.idx); }
+  KK_FN bool get_mask(int i) const { return Layout::is_valid(i); }
+  KK_FN array<index_type, rank> get_multidimensional_index(int i) const {
+    int c[2];
+    Layout::coords(i, c);
+    array<index_type, rank> r;
+    for (int d = 0; d < rank; ++d) r[d] = index_type(c[d]);
+    return r;
+  }
+  template <class CT>
+  KK_FN array<index_type, rank> get_multidimensional_index(basic_iterator<CT> it) const {
+    return get_multidimensional_index(it.idx);
+  }
+
+  KK_FN ElementType& operator[](int i) { return v[i]; }
+  KK_FN const ElementType& operator[](int i) const { return v[i]; }
+  KK_FN ElementType get(int i) const { return is_valid_element(i) ? v[i] : ElementType(); }
+  KK_FN void set(int i, ElementType x) {
+    if (is_valid_element(i)) v[i] = x;
+  }
+
+  KK_FN iterator begin() { return {this, 0}; }
+  KK_FN iterator end() { return {this, capacity}; }
+  KK_FN const_iterator begin() const { return {this, 0}; }
+  KK_FN const_iterator end() const { return {this, capacity}; }
+  KK_FN iterator get_iterator(int i) { return {this, i}; }
+
+  // This tensor's element that belongs with `it`'s element of another cooperative tensor of the
+  // same op (a reduction's entry for a destination element's row or column); end() if this thread
+  // holds none.
+  template <class It>
+  KK_FN iterator map_iterator(It it) {
+    using Other = typename kk::tops::remove_cvref_t<decltype(*it.ct)>::layout;
+    static_assert(kk::tops::iterator_compatible_v<Other, Layout>,
+                  "map_iterator: the cooperative tensors do not come from the same op's scope and extents");
+    int row, col;
+    Other::output_at(it.idx, row, col);
+    const int i = Layout::index_of_output(row, col);
+    return {this, i < 0 ? capacity : i};
+  }
+
+  // Element by element from / to a tensor of the same rank (coordinates innermost first).
+  template <class T, class E, class D, class... Tags>
+  KK_FN void load(const tensor<T, E, D, Tags...>& t) {
+    static_assert(E::rank() == rank, "cooperative_tensor::load: the tensor's rank differs");
+    for (int i = 0; i < capacity; ++i) {
+      int c[2];
+      Layout::coords(i, c);
+      v[i] = Layout::is_valid(i) && inside(t, c) ? convert(element(t, c)) : ElementType();
+    }
+  }
+  template <class T, class E, class D, class... Tags>
+  KK_FN void store(const tensor<T, E, D, Tags...>& t) const {
+    static_assert(E::rank() == rank, "cooperative_tensor::store: the tensor's rank differs");
+    for (int i = 0; i < capacity; ++i) {
+      int c[2];
+      Layout::coords(i, c);
+      if (Layout::is_valid(i) && inside(t, c)) element(t, c) = kk::tops::convert<kk::tops::remove_const_t<T>>(v[i]);
+    }
+  }
+
+ private:
+  template <class Tn> static KK_FN bool inside(const Tn& t, const int (&c)[2]) {
+    for (int d = 0; d < rank; ++d)
+      if (c[d] < 0 || c[d] >= int(t.get_extent(d))) return false;
+    return true;
+  }
+  template <class Tn> static KK_FN auto& element(const Tn& t, const int (&c)[2]) {
+    if constexpr (rank == 1) return t(c[0]);
+    else return t(c[0], c[1]);
+  }
+  template <class X> static KK_FN ElementType convert(const X& x) { return kk::tops::convert<ElementType>(x); }
+};
+
+}  // namespace metal
+
+namespace mpp {
+namespace tensor_ops {
+// Whether b.map_iterator(a's iterator) finds b's element for each of a's.
+template <class EA, class XA, class LA, class EB, class XB, class LB>
+KK_FN bool is_iterator_compatible(const metal::cooperative_tensor<EA, XA, LA>&, const metal::cooperative_tensor<EB, XB, LB>&) {
+  return kk::tops::iterator_compatible_v<LA, LB>;
+}
+}  // namespace tensor_ops
+}  // namespace mpp

@@ -1,0 +1,82 @@
+// kernelkit/tensor_ops/reduction.h: reduce_rows, reduce_columns (MPPTensorOpsMatMul2d.h).
+//
+//   reduce_rows(source, destination, reduction_operation::max, reduction_operation_identity<float>::max_identity);
+//
+// source: a destination cooperative tensor; destination: the same op's row (column) reduction
+// cooperative tensor, overwritten with op folded over each row (column) from `identity` (Apple's
+// default is sum_identity whatever the op: pass the identity). Invalid elements take no part.
+// Each thread folds its own elements of each row, then the lanes that share the row combine theirs
+// (the four lanes of a quad for rows; the eight lanes with the same t for columns).
+#pragma once
+
+namespace mpp {
+namespace tensor_ops {
+
+template <class T>
+struct reduction_operation_identity {
+  static constexpr T sum_identity = T(0);
+  static constexpr T max_identity = kk::tops::lowest<T>();
+  static constexpr T min_identity = kk::tops::highest<T>();
+};
+
+}  // namespace tensor_ops
+}  // namespace mpp
+
+namespace kk {
+namespace tops {
+
+template <class T>
+KK_FN T reduce_op(mpp::tensor_ops::reduction_operation op, T a, T b) {
+  switch (op) {
+    case mpp::tensor_ops::reduction_operation::max: return b > a ? b : a;
+    case mpp::tensor_ops::reduction_operation::min: return b < a ? b : a;
+    default: return T(a + b);
+  }
+}
+
+template <bool Rows, class E, class SX, class DX, class SL, class DL>
+KK_FN void reduce(const metal::cooperative_tensor<E, SX, SL>& src, metal::cooperative_tensor<E, DX, DL>& dst,
+                  mpp::tensor_ops::reduction_operation op, E identity, const kk::site& s) {
+  static_assert(SL::which == role::destination, "reduce_rows / reduce_columns: the source must be a matmul2d destination cooperative tensor");
+  static_assert(DL::which == (Rows ? role::row_reduction : role::column_reduction),
+                "reduce_rows / reduce_columns: the destination must be the op's row / column reduction cooperative tensor");
+  static_assert(SL::simdgroups == DL::simdgroups && (Rows ? SL::outer == DL::outer : SL::inner == DL::inner),
+                "reduce_rows / reduce_columns: source and destination come from different ops");
+  static_assert(Rows || SL::simdgroups <= 1, "reduce_columns: kernelkit reduces columns over one SIMD-group or thread (execution_simdgroups<N> with N > 1 is not supported)");
+  constexpr int slots = Rows ? SL::row_slots : SL::col_slots;
+  for (int r = 0; r < slots; ++r) {
+    E part = identity;
+    for (int i = 0; i < SL::capacity; ++i)
+      if ((Rows ? SL::row_slot(i) : SL::col_slot(i)) == r && SL::is_valid(i)) part = reduce_op(op, part, src.v[i]);
+    if constexpr (!SL::whole) {
+      const unsigned lane = lane_id();
+      for (unsigned d = Rows ? 1u : 4u; d < (Rows ? 4u : 32u); d <<= 1)
+        part = reduce_op(op, part, lane_read(part, lane ^ d, s));
+    }
+    dst.v[r] = part;
+  }
+}
+
+}  // namespace tops
+}  // namespace kk
+
+namespace mpp {
+namespace tensor_ops {
+
+template <class E, class SX, class DX, class SL, class DL>
+KK_FN void reduce_rows(metal::cooperative_tensor<E, SX, SL>& source, metal::cooperative_tensor<E, DX, DL>& destination,
+                       reduction_operation op = reduction_operation::sum,
+                       kk::tops::type_identity_t<E> identity = reduction_operation_identity<E>::sum_identity,
+                       kk::site s = KK_TOPS_SITE("reduce_rows")) {
+  kk::tops::reduce<true>(source, destination, op, identity, s);
+}
+template <class E, class SX, class DX, class SL, class DL>
+KK_FN void reduce_columns(metal::cooperative_tensor<E, SX, SL>& source, metal::cooperative_tensor<E, DX, DL>& destination,
+                          reduction_operation op = reduction_operation::sum,
+                          kk::tops::type_identity_t<E> identity = reduction_operation_identity<E>::sum_identity,
+                          kk::site s = KK_TOPS_SITE("reduce_columns")) {
+  kk::tops::reduce<false>(source, destination, op, identity, s);
+}
+
+}  // namespace tensor_ops
+}  // namespace mpp
