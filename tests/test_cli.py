@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import kernelkit
+from kernelkit import cache
 from kernelkit.benchmarks import Progress, _ms, have_matplotlib
+from kernelkit.cache import CompileCache
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 RECORDED = [RESULTS / "h100", RESULTS / "cpu-x86_64-2core"]
@@ -46,35 +48,99 @@ def test_doctor(tmp_path):
     assert r.returncode == (0 if report["backends"]["cuda"] else 1)
 
 
-@pytest.mark.slow
-def test_cache_info_list_clear(tmp_path):
-    current = tmp_path / kernelkit.__version__ / "ab"
-    current.mkdir(parents=True)
-    (current / "abcdef.so").write_bytes(b"\0" * 2000)
-    (current / "abcdef.so.sha256").write_text("0" * 64)
-    (current / "abcdef.so.src").write_text("template <typename T> void custom_kernel_myexp() {}")
-    old = tmp_path / "0.0.1" / "cd"
-    old.mkdir(parents=True)
-    (old / "cdef.cubin").write_bytes(b"\0" * 500)
+def _entries_of_two_versions(root: Path, monkeypatch, old_version: str = "0.0.1") -> None:
+    """An entry of this kernelkit, written by the cache itself, and an older version's directory
+    as that version left it (marked, one entry)."""
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(root))
+    CompileCache().get("ab" + "0" * 62, ".so", "template <typename T> void custom_kernel_myexp() {}",
+                       lambda: b"\0" * 2000)
+    old = root / old_version
+    (old / "cd").mkdir(parents=True)
+    (old / cache.MARKER).write_text(cache._MARKER_TEXT.format(old_version))
+    (old / "cd" / ("cd" + "1" * 62 + ".cubin")).write_bytes(b"\0" * 500)
+
+
+def test_cache_info_list_clear(tmp_path, monkeypatch):
+    _entries_of_two_versions(tmp_path, monkeypatch)
+    current = tmp_path / kernelkit.__version__
 
     r = kernelkit_cmd("cache", cache=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert f"{tmp_path}: 4 files" in r.stdout
-    assert f"{kernelkit.__version__}/ (this kernelkit): 3 files" in r.stdout
+    assert f"{tmp_path}: 3 files" in r.stdout and "(limit 1.0 GiB)" in r.stdout
+    assert f"{kernelkit.__version__}/ (this kernelkit): 2 files" in r.stdout
     assert "0.0.1/ (another kernelkit version): 1 file, 500 B" in r.stdout
 
     r = kernelkit_cmd("cache", "list", cache=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert any("abcdef" in line and "cpu" in line and "myexp" in line for line in r.stdout.splitlines())
-    assert any("cdef" in line and "cuda" in line for line in r.stdout.splitlines())
+    assert any("ab000000" in line and "cpu" in line and "myexp" in line for line in r.stdout.splitlines())
+    assert any("cd111111" in line and "cuda" in line for line in r.stdout.splitlines())
 
     r = kernelkit_cmd("cache", "clear", "--stale", cache=tmp_path)
     assert r.returncode == 0 and "removed 1 other kernelkit versions' files" in r.stdout, r.stdout
-    assert not (tmp_path / "0.0.1").exists() and (current / "abcdef.so").exists()
+    assert not (tmp_path / "0.0.1").exists() and len(list(current.glob("ab/ab*"))) == 2
 
     r = kernelkit_cmd("cache", "clear", cache=tmp_path)
-    assert r.returncode == 0 and "removed 3 files" in r.stdout, r.stdout
-    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert r.returncode == 0 and "removed 2 files" in r.stdout, r.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [kernelkit.__version__, cache.MARKER,
+                                                           cache.KEY_FILE]  # kept for running processes
+
+
+def test_cache_clear_never_removes_what_is_not_kernelkits(tmp_path, monkeypatch):
+    """Issue 15, finding 3: KERNELKIT_CACHE_DIR=~/.cache, an easy mistake, must cost no user file."""
+    root = tmp_path / ".cache"
+    entry_name = "ab" + "2" * 62 + ".so"
+    user = {"notes.txt": b"mine", "pip/wheel.whl": b"wheel",
+            "0.0.1/notes.txt": b"a folder named like a version",
+            f"0.0.2/ab/{entry_name}": b"named like an entry, in a folder kernelkit never marked",
+            f"{kernelkit.__version__}/mine.txt": b"in the folder kernelkit adopts",
+            f"{kernelkit.__version__}/ab/notes.txt": b"in a folder named like a shard",
+            f"{kernelkit.__version__}/zz/x.so": b"a library of the user's",
+            "0.0.3/keep.txt": b"beside an old kernelkit's entries"}
+    for rel, data in user.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"outside the cache")
+    _entries_of_two_versions(root, monkeypatch, old_version="0.0.3")  # beside keep.txt
+    os.symlink(precious, root / kernelkit.__version__ / "ab" / entry_name)  # an entry's name, not a file
+
+    def untouched():
+        assert {rel: (root / rel).read_bytes() for rel in user} == user
+        assert precious.read_bytes() == b"outside the cache"
+
+    r = kernelkit_cmd("cache", cache=root)
+    assert r.returncode == 0, r.stderr
+    listed = {line.split("/")[0].strip() for line in r.stdout.splitlines()[1:]}
+    assert listed == {"0.0.3", kernelkit.__version__}, r.stdout
+
+    r = kernelkit_cmd("cache", "clear", "--stale", cache=root)
+    assert r.returncode == 0 and "removed 1 other kernelkit versions' files" in r.stdout, r.stdout
+    untouched()
+    assert not (root / "0.0.3" / cache.MARKER).exists() and not (root / "0.0.3" / "cd").exists()
+
+    r = kernelkit_cmd("cache", "clear", cache=root)
+    assert r.returncode == 0 and "removed 2 files" in r.stdout, r.stdout
+    untouched()
+    assert (root / kernelkit.__version__ / "ab" / entry_name).is_symlink()
+
+
+@pytest.mark.slow
+def test_doctor_check_fails_with_the_compilers_message(tmp_path):
+    """Issue 15, finding 9: a failed check exits non-zero and says what the compiler said."""
+    silent = tmp_path / "silent-c++"
+    silent.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'silent c++ 1.0' && exit 0\nexit 3\n")
+    silent.chmod(0o755)
+    r = kernelkit_cmd("doctor", "--check", cache=tmp_path / "cache", env={"CXX": str(silent)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    check = next(line for line in r.stdout.splitlines() if "run on cpu" in line)
+    assert f"CompileError: `{silent} " in check and "exited with status 3 and printed nothing" in check
+
+    r = kernelkit_cmd("doctor", "--check", cache=tmp_path / "cache", env={"CXX": "/bin/false"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "[ok] C++ compiler" not in r.stdout
+    for line in ("C++ compiler", "run on cpu"):
+        found = next(x for x in r.stdout.splitlines() if line in x)
+        assert "`/bin/false --version` exited with status 1" in found, found
 
 
 @pytest.mark.slow

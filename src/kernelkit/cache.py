@@ -145,16 +145,18 @@ def _read_regular(path: Path, private: bool = False) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    with open(fd, "rb") as f:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            if private and (st.st_uid != os.geteuid() or st.st_mode & 0o077):
-                return None
-            return f.read()
-        except OSError:
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
+        if private and (st.st_uid != os.geteuid() or st.st_mode & 0o077):
+            return None
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _temp_file(directory: Path, data: bytes) -> str:
