@@ -1,0 +1,280 @@
+"""Tensor ops in kernel bodies (SPEC §8, DESIGN.md "Tensor ops"): Apple's TensorOps (metal::tensor,
+matmul2d, cooperative tensors, reductions) and MSL's simdgroup_matrix, against torch in float64.
+Every kernel here is also compiled for sm_90a in CI (conftest) and runs on the GPU with `device`."""
+
+import pytest
+import torch
+
+import kernelkit as kk
+
+HEADER = """#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace mpp::tensor_ops;
+"""
+
+# The talk's tiled matmul: each threadgroup slices its tile and calls run once over all of K.
+TILE_MATMUL = """
+  const uint2 tgid = threadgroup_position_in_grid.xy;
+  const int M = a_shape[0], K = a_shape[1], N = TR ? b_shape[0] : b_shape[1];
+  auto A = tensor(a, dextents<int, 2>(K, M), array<int, 2>({1, K}));
+  auto B = TR ? tensor(b, dextents<int, 2>(K, N)) : tensor(b, dextents<int, 2>(N, K));
+  auto C = tensor(c, dextents<int, 2>(N, M));
+  auto tA = A.slice(0, tgid.y * TILEM);
+  auto tB = TR ? B.slice(0, tgid.x * TILEN) : B.slice(tgid.x * TILEN, 0);
+  auto tC = C.slice(tgid.x * TILEN, tgid.y * TILEM);
+  constexpr auto descriptor = matmul2d_descriptor(TILEM, TILEN, dynamic_length_v<int>, false, TR, RELAXED,
+      ACC ? matmul2d_descriptor::mode::multiply_accumulate : matmul2d_descriptor::mode::multiply);
+  matmul2d<descriptor, execution_simdgroups<4>> op;
+  op.run(tA, tB, tC);
+"""
+
+
+def _rand(shape, dtype, device):
+    if dtype in (torch.int8, torch.uint8):
+        lo = -8 if dtype == torch.int8 else 0
+        return torch.randint(lo, 8, shape, dtype=dtype, device=device)
+    return torch.randn(shape, device=device).to(dtype)
+
+
+def _tile_matmul(device, dtype, out_dtype, M, N, K, TM=32, TN=16, tr=False, acc=False, relaxed=False):
+    k = kk.metal_kernel("tops_tile_matmul", ["a", "b"], ["c"], TILE_MATMUL, header=HEADER)
+    a, b = _rand((M, K), dtype, device), _rand((N, K) if tr else (K, N), dtype, device)
+    grid = (128 * -(-N // TN), -(-M // TM), 1)
+    init = 1 if acc else None
+    c = k(inputs=[a, b], output_shapes=[(M, N)], output_dtypes=[out_dtype], grid=grid, threadgroup=(128, 1, 1),
+          template=[("TILEM", TM), ("TILEN", TN), ("TR", tr), ("ACC", acc), ("RELAXED", relaxed)],
+          init_value=init)[0]
+    ref = a.double() @ (b.double().T if tr else b.double()) + (1 if acc else 0)
+    return c, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_tile_matmul_edge_tiles(device, dtype):
+    """Slices past the edges (70 x 45 with 32 x 16 tiles, K = 37) are clipped; float is exact."""
+    c, ref = _tile_matmul(device, dtype, torch.float32, 70, 45, 37)
+    tol = 1e-5 if dtype == torch.float32 else 1e-4
+    torch.testing.assert_close(c.double(), ref, rtol=tol, atol=tol)
+
+
+def test_tile_matmul_transposed_accumulate_relaxed(device):
+    """transpose_right, multiply_accumulate onto the destination, relaxed float (tf32 allowed)."""
+    c, ref = _tile_matmul(device, torch.float32, torch.float32, 40, 33, 50, tr=True, acc=True, relaxed=True)
+    torch.testing.assert_close(c.double(), ref, rtol=3e-3, atol=3e-2)
+
+
+def test_int8_matmul_into_int32(device):
+    c, ref = _tile_matmul(device, torch.int8, torch.int32, 48, 20, 70)
+    assert torch.equal(c.long(), ref.long())
+
+
+# The talk's attention step (its snippets as they are: a kernel that is a template would write
+# `op.template get_...`), per SIMD-group: QK^T into a cooperative tensor, the row max by
+# reduce_rows, exp(s - max) with map_iterator, the scores reused as the left input of P V (or stored
+# and reloaded through threadgroup memory), and the row sums by reduce_rows.
+ATTENTION = """
+  const uint sgid = simdgroup_index_in_threadgroup;
+  auto tQ = tensor(q, dextents<int, 2>(D, q_shape[0]));
+  auto tK = tensor(k, dextents<int, 2>(D, BK));
+  auto tV = tensor(v, dextents<int, 2>(D, BK));
+  constexpr auto qk_desc = matmul2d_descriptor(ROWS, BK, D, false, true);
+  matmul2d<qk_desc, execution_simdgroup> mul_qk_op;
+  auto tQSlice = tQ.slice<D, ROWS>(0, sgid * ROWS);
+  auto tKSlice = tK.slice<D, BK>(0, 0);
+  auto tVSlice = tV.slice<D, BK>(0, 0);
+  auto ctQK = mul_qk_op.get_destination_cooperative_tensor<decltype(tQSlice), decltype(tKSlice), float>();
+  mul_qk_op.run(tQSlice, tKSlice, ctQK);
+  auto ctRowMax = mul_qk_op.get_row_reduction_destination_cooperative_tensor<decltype(tQSlice), decltype(tKSlice), float>();
+  reduce_rows(ctQK, ctRowMax, reduction_operation::max, -INFINITY);
+  #pragma clang loop unroll(full)
+  for (auto it = ctQK.begin(); it != ctQK.end(); it++) {
+    auto row_it = ctRowMax.map_iterator(it);
+    *it = exp(*it - *row_it);
+  }
+  auto ctRowSum = mul_qk_op.get_row_reduction_destination_cooperative_tensor<decltype(tQSlice), decltype(tKSlice), float>();
+  reduce_rows(ctQK, ctRowSum, reduction_operation::sum, reduction_operation_identity<float>::sum_identity);
+  for (ushort i = 0; i < ctRowSum.get_capacity(); ++i)
+    if (ctRowSum.is_valid_element(i)) {
+      const int r = sgid * ROWS + ctRowSum.get_multidimensional_index(i)[0];
+      if (r < q_shape[0]) stats[2 * r] = ctRowMax[i], stats[2 * r + 1] = ctRowSum[i];
+    }
+
+  constexpr auto mul_sv_op_desc = matmul2d_descriptor(ROWS, D, BK, false, false, false,
+                                                      matmul2d_descriptor::mode::multiply_accumulate);
+  matmul2d<mul_sv_op_desc, metal::execution_simdgroup> mul_sv_op;
+  auto ctO = mul_sv_op.get_destination_cooperative_tensor<
+      decltype(mul_sv_op.get_left_input_cooperative_tensor<float, half, float>()), decltype(tVSlice), float>();
+  threadgroup float scratch[4 * ROWS * BK];
+  auto tgTensor = tensor(scratch + sgid * ROWS * BK, dextents<int, 2>(BK, ROWS));
+  if (!FALLBACK && mul_sv_op.is_compatible_as_left_input<float, half, float>(ctQK)) {
+    auto ctQKIn = mul_sv_op.get_left_input_cooperative_tensor<float, half, float>(ctQK);
+    mul_sv_op.run(ctQKIn, tVSlice, ctO);
+  } else {
+    ctQK.store(tgTensor);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    auto ctQKIn = mul_sv_op.get_left_input_cooperative_tensor<float, half, float>();
+    ctQKIn.load(tgTensor);
+    mul_sv_op.run(ctQKIn, tVSlice, ctO);
+  }
+  auto tO = tensor(o, dextents<int, 2>(D, q_shape[0]));
+  ctO.store(tO.slice(0, sgid * ROWS));
+"""
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_attention_step(device, fallback):
+    D, BK, ROWS, M = 16, 32, 16, 56  # 4 SIMD-groups x 16 rows, the last one partly past q's rows
+    consts = f"constexpr int D = {D}, BK = {BK}, ROWS = {ROWS};\nconstexpr bool FALLBACK = {str(fallback).lower()};\n"
+    k = kk.metal_kernel("tops_attention", ["q", "k", "v"], ["o", "stats"], ATTENTION, header=HEADER + consts)
+    q = torch.randn(M, D, device=device).half()
+    kt = torch.randn(BK, D, device=device).half()
+    v = torch.randn(BK, D, device=device).half()
+    o, stats = k(inputs=[q, kt, v], output_shapes=[(M, D), (M, 2)], output_dtypes=[torch.float32] * 2,
+                 grid=(128, 1, 1), threadgroup=(128, 1, 1))
+    s = q.double() @ kt.double().T
+    mx = s.max(dim=1, keepdim=True).values
+    p = torch.exp(s - mx)
+    torch.testing.assert_close(stats[:, 0].double(), mx[:, 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats[:, 1].double(), p.sum(1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(o.double(), p @ v.double(), rtol=1e-4, atol=1e-4)
+
+
+# A fused epilogue: bias loaded into a cooperative tensor of the destination's layout, a
+# coordinate-dependent mask, column sums by reduce_columns, the right input from another op's
+# destination (a register exchange: not compatible), and execution_thread for the leftovers.
+EPILOGUE = """
+  const uint sgid = simdgroup_index_in_threadgroup;
+  auto tA = tensor(a, dextents<int, 2>(K, M));
+  auto tB = tensor(b, dextents<int, 2>(N, K));
+  auto tBias = tensor(bias, dextents<int, 2>(N, M));
+  constexpr auto desc = matmul2d_descriptor(M, N, K);
+  matmul2d<desc, execution_simdgroup> op;
+  auto ct = op.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  op.run(tA, tB, ct);
+  auto ctBias = op.get_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  ctBias.load(tBias);
+  for (ushort i = 0; i < ct.get_capacity(); ++i) {
+    if (!ct.get_mask(i)) continue;
+    auto idx = ct.get_multidimensional_index(i);
+    ct[i] = idx[0] > idx[1] ? 0.0f : ct[i] + ctBias[i];   // keep the lower triangle (col <= row)
+  }
+  auto colsum = op.get_column_reduction_destination_cooperative_tensor<decltype(tA), decltype(tB), float>();
+  reduce_columns(ct, colsum, reduction_operation::sum, 0.0f);
+  for (ushort i = 0; i < colsum.get_capacity(); ++i)
+    if (colsum.is_valid_element(i)) sums[colsum.get_multidimensional_index(i)[0]] = colsum[i];
+  ct.store(tensor(c, dextents<int, 2>(N, M)));
+
+  // (c as the right input of a second op: out2 = a2 (M x M) * c (M x N))
+  auto tA2 = tensor(a2, dextents<int, 2>(M, M));
+  constexpr auto desc2 = matmul2d_descriptor(M, N, M);
+  matmul2d<desc2, execution_simdgroup> op2;
+  auto right = op2.get_right_input_cooperative_tensor<float, float, float>(ct);
+  auto out = op2.get_destination_cooperative_tensor<decltype(tA2), decltype(right), float>();
+  if (op2.is_compatible_as_right_input<float, float, float>(ct)) return;  // never: a right input is held transposed
+  op2.run(tA2, right, out);
+  out.store(tensor(c2, dextents<int, 2>(N, M)));
+
+  // One thread does a whole (small) product on its own.
+  constexpr auto desc3 = matmul2d_descriptor(3, 5, K);
+  matmul2d<desc3, execution_thread> op3;
+  if (thread_index_in_simdgroup == 7) {
+    auto t3 = tensor(c3, dextents<int, 2>(5, 3));
+    op3.run(tA, tB, t3);
+  }
+"""
+
+
+def test_epilogue_reductions_right_input_thread_scope(device):
+    M, N, K = 16, 24, 20
+    consts = f"constexpr int M = {M}, N = {N}, K = {K};\n"
+    k = kk.metal_kernel("tops_epilogue", ["a", "b", "bias", "a2"], ["c", "sums", "c2", "c3"], EPILOGUE,
+                        header=HEADER + consts)
+    a, b, bias, a2 = (torch.randn(s, device=device) for s in [(M, K), (K, N), (M, N), (M, M)])
+    c, sums, c2, c3 = k(inputs=[a, b, bias, a2], output_shapes=[(M, N), (N,), (M, N), (3, 5)],
+                        output_dtypes=[torch.float32] * 4, grid=(32, 1, 1), threadgroup=(32, 1, 1))
+    ref = torch.tril(a.double() @ b.double() + bias.double())
+    torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sums.double(), ref.sum(0), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(c2.double(), a2.double() @ ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(c3.double(), (a.double() @ b.double())[:3, :5], rtol=1e-5, atol=1e-5)
+
+
+# The talk's quantized matmul: MXFP8 tensors (e4m3 with a ue8m0 scales plane of 32 x 1 blocks).
+MXFP8 = """
+  using scales_plane = tensor_blockwise<tensor_plane_scales, device metal_fp8_ue8m0_format, 32, 1>;
+  using mxfp8_tensor_inline = tensor<device metal_fp8_e4m3_format, dextents<int, 2>, tensor_inline, scales_plane>;
+  const uint2 tgid = threadgroup_position_in_grid.xy;
+  auto matrixA = mxfp8_tensor_inline((device metal_fp8_e4m3_format*)a, dextents<int, 2>(K, M), array<int, 2>({1, K}),
+                                     scales_plane(sa));
+  auto matrixB = mxfp8_tensor_inline((device metal_fp8_e4m3_format*)bt, dextents<int, 2>(K, N), array<int, 2>({1, K}),
+                                     scales_plane(sb));
+  auto matrixC = tensor(c, dextents<int, 2>(N, M));
+  auto tA = matrixA.slice(0, tgid.y * TILEM);
+  auto tB = matrixB.slice(0, tgid.x * TILEN);
+  auto tC = matrixC.slice(tgid.x * TILEN, tgid.y * TILEM);
+  constexpr auto descriptor = matmul2d_descriptor(TILEM, TILEN, dynamic_length_v<int>, false, true);
+  matmul2d<descriptor, execution_simdgroups<4>> op;
+  op.run(tA, tB, tC);
+"""
+
+
+def _e4m3(x):
+    return x.to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def test_mxfp8_matmul(device):
+    M, N, K, TM, TN = 40, 24, 96, 32, 16
+    k = kk.metal_kernel("tops_mxfp8", ["a", "sa", "bt", "sb"], ["c"], MXFP8, header=HEADER)
+    a, bt = torch.randn(M, K, device=device) * 4, torch.randn(N, K, device=device) * 4
+    sa = torch.randint(120, 134, (M, K // 32), dtype=torch.uint8, device=device)
+    sb = torch.randint(120, 134, (N, K // 32), dtype=torch.uint8, device=device)
+    qa, qb = _e4m3(a), _e4m3(bt)
+    c = k(inputs=[qa, sa, qb, sb], output_shapes=[(M, N)], output_dtypes=[torch.float32],
+          grid=(128 * -(-N // TN), -(-M // TM), 1), threadgroup=(128, 1, 1),
+          template=[("TILEM", TM), ("TILEN", TN), ("M", M), ("N", N), ("K", K)])[0]
+    def deq(q, s):
+        return q.view(torch.float8_e4m3fn).double() * torch.exp2(s.double() - 127).repeat_interleave(32, dim=1)
+    ref = deq(qa, sa) @ deq(qb, sb).T
+    torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-3)
+
+
+# A GEMM as MLX's steel kernels write it: 8 x 8 simdgroup_matrix fragments, thread_elements()
+# filled at the documented coordinates, simdgroup_multiply_accumulate, simdgroup_store.
+SIMDGROUP_GEMM = """
+  const uint lane = thread_index_in_simdgroup, sg = simdgroup_index_in_threadgroup;
+  const short qid = lane / 4;
+  const short fm = (qid & 4) + ((lane / 2) % 4), fn = (qid & 2) * 2 + (lane % 2) * 2;
+  const int row0 = (threadgroup_position_in_grid.y * 2 + sg / 2) * 16, col0 = (threadgroup_position_in_grid.x * 2 + sg % 2) * 16;
+  simdgroup_matrix<T, 8, 8> acc[2][2];
+  for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<T, 8, 8>(T(0));
+  for (int k = 0; k < K; k += 8) {
+    simdgroup_matrix<T, 8, 8> fa[2], fb[2];
+    for (int i = 0; i < 2; ++i) {
+      fa[i].thread_elements()[0] = a[(row0 + 8 * i + fm) * K + k + fn];
+      fa[i].thread_elements()[1] = a[(row0 + 8 * i + fm) * K + k + fn + 1];
+      simdgroup_load(fb[i], b, N, ulong2(col0 + 8 * i, k));
+    }
+    for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) simdgroup_multiply_accumulate(acc[i][j], fa[i], fb[j], acc[i][j]);
+  }
+  for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) simdgroup_store(acc[i][j], c, N, ulong2(col0 + 8 * j, row0 + 8 * i));
+  if (sg == 0 && threadgroup_position_in_grid.x == 0 && threadgroup_position_in_grid.y == 0) {
+    simdgroup_matrix<T, 8, 8> x, y, z;
+    simdgroup_load(x, a, K, ulong2(0, 0), true);      // a[0:8, 0:8] transposed
+    y = simdgroup_matrix<T, 8, 8>(T(2));             // 2 * identity
+    simdgroup_multiply(z, x, y);
+    simdgroup_store(z, extra, 8);
+  }
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_simdgroup_matrix_gemm(device, dtype):
+    M, N, K = 64, 32, 24
+    k = kk.metal_kernel("tops_sg_gemm", ["a", "b"], ["c", "extra"], SIMDGROUP_GEMM,
+                        header="#include <metal_simdgroup_matrix>\n")
+    a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
+    c, extra = k(inputs=[a, b], output_shapes=[(M, N), (8, 8)], output_dtypes=[dtype, dtype],
+                 grid=(128 * (N // 32), M // 32, 1), threadgroup=(128, 1, 1),
+                 template=[("T", dtype), ("N", N), ("K", K)])
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=tol, atol=tol)
+    torch.testing.assert_close(extra.double(), 2 * a[:8, :8].double().T, rtol=tol, atol=tol)
