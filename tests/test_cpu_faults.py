@@ -7,6 +7,7 @@ Checks that need a fresh runtime (its thread count, stack size) run in a subproc
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -52,3 +53,181 @@ def test_timeout_never_fires_early_with_many_threads():
         print("ok")
     """, KERNELKIT_NUM_THREADS="64")
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+# --- faults become KernelLaunchError -----------------------------------------------------------
+
+def run(k, inputs, n, group=8, **kw):
+    return k(inputs=inputs, grid=(n, 1, 1), threadgroup=(group, 1, 1), output_shapes=[(n,)],
+             output_dtypes=[torch.int32], stream=CPU, **kw)[0]
+
+
+CHECKS = [{}, {"check_bounds": True}, {"timeout": 5.0}]
+SYNC = ["", "threadgroup_barrier(mem_flags::mem_threadgroup);"]  # loop mode, fibers
+
+
+def thread_of(message):
+    """The thread a fault message names: (thread x, threadgroup x, grid x)."""
+    m = re.search(r"in thread \((\d+),0,0\) of threadgroup \((\d+),0,0\), grid position "
+                  r"\((\d+),0,0\)", message)
+    assert m, message
+    return tuple(int(g) for g in m.groups())
+
+
+def works_after(k, inputs, n, ref):
+    assert run(k, inputs, n).tolist() == ref
+
+
+@pytest.mark.parametrize("checks", CHECKS, ids=["plain", "check_bounds", "timeout"])
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_integer_division_by_zero(checks, sync):
+    k = kk.metal_kernel(name="div_zero", input_names=["inp"], output_names=["out"], source=f"""
+        uint i = thread_position_in_grid.x;
+        {sync}
+        out[i] = 100 / inp[i];
+    """)
+    n = 64
+    x = torch.randint(1, 50, (n,), dtype=torch.int32)
+    bad = int(torch.randint(0, n, ()))
+    x[bad] = 0
+    with pytest.raises(kk.KernelLaunchError) as e:
+        run(k, [x], n, **checks)
+    msg = str(e.value)
+    assert "kernel 'div_zero'" in msg and "integer division by zero" in msg and "SIGFPE" in msg
+    assert thread_of(msg) == (bad % 8, bad // 8, bad)
+    x[bad] = 7
+    works_after(k, [x], n, [100 // v for v in x.tolist()])
+
+
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_int_min_divided_by_minus_one(sync):
+    k = kk.metal_kernel(name="div_overflow", input_names=["a", "b"], output_names=["out"],
+                        source=f"""
+        uint i = thread_position_in_grid.x;
+        {sync}
+        out[i] = a[i] / b[i];
+    """)
+    n = 40
+    a = torch.randint(-1000, 1000, (n,), dtype=torch.int32)
+    b = torch.randint(1, 9, (n,), dtype=torch.int32)
+    a[29], b[29] = -2**31, -1
+    with pytest.raises(kk.KernelLaunchError, match="overflowing one such as INT_MIN / -1") as e:
+        run(k, [a, b], n)
+    assert thread_of(str(e.value)) == (5, 3, 29)
+    b[29] = 1
+    works_after(k, [a, b], n, [int(x / y) for x, y in zip(a.tolist(), b.tolist())])
+
+
+@pytest.mark.parametrize("checks", CHECKS, ids=["plain", "check_bounds", "timeout"])
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_trap_is_a_launch_error(checks, sync):
+    """g++ puts a trap where it proves undefined behaviour (here a division by zero), as at
+    __builtin_trap(): SIGILL on x86-64, SIGTRAP on aarch64."""
+    k = kk.metal_kernel(name="trap", input_names=["inp"], output_names=["out"], source=f"""
+        uint i = thread_position_in_grid.x;
+        int zero = 0;
+        {sync}
+        out[i] = inp[i] < 0 ? inp[i] / zero : inp[i];
+    """)
+    n = 32
+    x = torch.randint(0, 50, (n,), dtype=torch.int32)
+    x[19] = -1
+    with pytest.raises(kk.KernelLaunchError, match=r"kernel 'trap': (illegal instruction \(SIGILL\)"
+                                                   r"|trap \(SIGTRAP\))") as e:
+        run(k, [x], n, **checks)
+    assert thread_of(str(e.value)) == (3, 2, 19)
+    x[19] = 1
+    works_after(k, [x], n, x.tolist())
+
+
+ASSERT_HEADER = """
+#if defined(KK_TARGET_CPU)
+#include <assert.h>
+#else
+#define assert(c) ((void)0)  // (the test compiles every kernel for sm_90 too)
+#endif
+"""
+
+
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_failed_assert_is_a_launch_error(sync):
+    """assert() aborts inside the C library: the runtime takes the SIGABRT of a kernel thread."""
+    k = kk.metal_kernel(name="asserts", input_names=["inp"], output_names=["out"],
+                        header=ASSERT_HEADER, source=f"""
+        uint i = thread_position_in_grid.x;
+        {sync}
+        assert(inp[i] >= 0);
+        out[i] = inp[i];
+    """)
+    n = 16
+    x = torch.arange(n, dtype=torch.int32)
+    x[11] = -5
+    with pytest.raises(kk.KernelLaunchError, match=r"kernel 'asserts': abort\(\) was called "
+                                                   r"\(SIGABRT\)") as e:
+        run(k, [x], n)
+    assert thread_of(str(e.value)) == (3, 1, 11)
+    x[11] = 11
+    works_after(k, [x], n, x.tolist())
+
+
+@pytest.mark.parametrize("checks", CHECKS, ids=["plain", "check_bounds", "timeout"])
+def test_wild_pointer_is_a_launch_error(checks):
+    """A pointer that is no buffer is not checked by check_bounds: its fault is still caught."""
+    k = kk.metal_kernel(name="wild_ptr", input_names=["inp"], output_names=["out"], source="""
+        uint i = thread_position_in_grid.x;
+        device const int* p = (device const int*)(size_t(inp[i]) * 4096u);
+        out[i] = inp[i] ? p[0] : 0;
+    """)
+    n = 24
+    x = torch.zeros(n, dtype=torch.int32)
+    x[21] = 1  # reads address 4096: never mapped
+    with pytest.raises(kk.KernelLaunchError, match=r"invalid memory access at address 0x1000 "
+                                                   r"\(SIGSEGV\)") as e:
+        run(k, [x], n, **checks)
+    assert thread_of(str(e.value)) == (5, 2, 21)
+    works_after(k, [torch.zeros(n, dtype=torch.int32)], n, [0] * n)
+
+
+def test_bus_error_is_a_launch_error(tmp_path):
+    """An input mapped from a file that was truncated under it: SIGBUS."""
+    import mmap
+    import numpy as np
+    path = tmp_path / "data"
+    path.write_bytes(bytes(2 * mmap.PAGESIZE))
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 2 * mmap.PAGESIZE)
+    x = torch.from_numpy(np.frombuffer(m, dtype=np.int32))
+    os.truncate(path, 0)
+    k = kk.metal_kernel(name="bus", input_names=["inp"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i * 1024u];")
+    with pytest.raises(kk.KernelLaunchError, match=r"kernel 'bus': invalid memory access at "
+                                                   r"address 0x[0-9a-f]+ \(SIGBUS\)"):
+        run(k, [x], 2, group=1)
+    del x
+    works_after(k, [torch.arange(2048, dtype=torch.int32)], 2, [0, 1024])
+
+
+# --- a kernel cannot end the process -----------------------------------------------------------
+
+@pytest.mark.parametrize("call", ["exit(0)", "exit(3)", "_Exit(0)", "quick_exit(0)",
+                                  "abort()", "_exit(0)"])
+def test_exit_in_a_kernel_is_a_compile_error(call):
+    k = kk.metal_kernel(name="exits", input_names=["inp"], output_names=["out"], source=f"""
+        uint i = thread_position_in_grid.x;
+        if (inp[i] == 42) {call};
+        out[i] = inp[i];
+    """)
+    with pytest.raises(kk.CompileError, match="a kernel cannot end the process"):
+        run(k, [torch.zeros(8, dtype=torch.int32)], 8)
+
+
+def test_exit_is_caught_in_a_subprocess_too():
+    """The process that calls a kernel with exit() fails loudly: it does not end with status 0."""
+    proc = run_python("""
+        import torch, kernelkit as kk
+        k = kk.metal_kernel(name="exits_sub", input_names=["inp"], output_names=["out"],
+                            source="exit(0);")
+        k(inputs=[torch.zeros(4)], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
+          output_dtypes=[torch.float32])
+    """)
+    assert proc.returncode == 1 and "CompileError" in proc.stderr, proc.stderr

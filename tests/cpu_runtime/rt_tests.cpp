@@ -2,6 +2,7 @@
 // bodies run through kk_rt_launch, in loop mode or fiber mode.
 //   g++ -std=c++17 -O2 -pthread -I src/kernelkit/include rt_tests.cpp -L DIR -lkkrt
 //   ./rt_tests NAME     (NAME: see main; prints "ok NAME" or "FAIL ...", exit 1)
+#define KK_CPU_ALLOW_EXIT 1  // a test program: CHECK exits after too many failures
 #include <kernelkit/cpu_group.h>
 #include <kernelkit/target_cpu.h>
 

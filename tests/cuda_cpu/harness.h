@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#define KK_CPU_ALLOW_EXIT 1  // a test program: CHECK exits after too many failures
 #define KK_TARGET_CPU 1
 #include <kernelkit/target_cpu.h>
 #include <kernelkit/cuda_cpu.h>

@@ -75,6 +75,26 @@ inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, F&& f) {
 
 }  // namespace kk
 
+// A kernel cannot end the process: a CI job whose kernel calls exit(0) would pass. A call of
+// exit, _Exit, quick_exit, _exit or abort that the kernel's unit (body, header) keeps is a
+// compile error. These are glibc's own declarations (extern "C", noexcept, noreturn) with the
+// error attribute added, so a header may still include <cstdlib> or <unistd.h>. A failed
+// assert() (which aborts inside the C library) is a SIGABRT that the runtime turns into the
+// launch's error. Host programs that include this header (tests) define KK_CPU_ALLOW_EXIT.
+#if !defined(KK_CPU_ALLOW_EXIT)
+#define KK_CPU_NO_EXIT(name)                                                              \
+  __attribute__((noreturn, error("kernelkit: a kernel cannot end the process (" name "): " \
+                                 "return from the kernel, or write an error flag to an output")))
+extern "C" {
+void exit(int) noexcept KK_CPU_NO_EXIT("exit");
+void _Exit(int) noexcept KK_CPU_NO_EXIT("_Exit");
+void quick_exit(int) noexcept KK_CPU_NO_EXIT("quick_exit");
+void abort(void) noexcept KK_CPU_NO_EXIT("abort");
+void _exit(int) KK_CPU_NO_EXIT("_exit");
+}
+#undef KK_CPU_NO_EXIT
+#endif
+
 #define KK_CPU_EXPORT extern "C" __attribute__((visibility("default")))
 
 // BODY(const ARGS& a, const kk_thread_ctx& t) runs one thread.

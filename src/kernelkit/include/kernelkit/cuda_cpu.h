@@ -26,15 +26,13 @@
 //                                grid_group (ranks only), reduce, scans, memcpy_async
 //
 // Supported with a difference
-//   - A `mask` argument of a *_sync warp function is not a rendezvous set: every
-//     live lane of the warp (one that has not returned) must reach the same call
-//     (the same source line), as with Metal's SIMD-group functions. A call that
-//     some live lanes skip (`if (lane < 16) v = __shfl_sync(0xffff, v, 0);` with
-//     lanes 16..31 going on to another warp function or barrier) stops the launch
-//     with an error naming the line; it never hangs. (Lanes that have returned
-//     do not count, so the same code is fine when the others exit.) Results are
-//     restricted to the lanes in mask (ballot, votes, match). __activemask() is
-//     a rendezvous too and returns the live lanes.
+//   - A `mask` argument of a *_sync warp function is not a rendezvous set: the
+//     lanes that reach the call (the same source line) are its active lanes,
+//     whatever the others do (`if (lane < 16) v = __shfl_sync(0xffff, v, 0);`
+//     with lanes 16..31 at another warp function or a barrier), as with Metal's
+//     SIMD-group functions (target_cpu.h). Results are restricted to the lanes
+//     in mask (ballot, votes, match). __activemask() is a rendezvous too and
+//     returns the lanes that reached it.
 //   - __syncwarp and a tile's sync() are a rendezvous of the whole warp.
 //   - Reading a lane that does not exist (a partial last warp) gives the
 //     caller's own value (CUDA: undefined).
@@ -45,7 +43,6 @@
 //     larger than 32, the dynamic cg::tiled_partition(group, n).
 //   - Textures and surfaces, inline PTX (asm), warp matrix functions (mma.h,
 //     wmma), the 8-bit float types (cuda_fp8.h), curand, __nanosleep timing.
-//   - Partial-mask warp calls (above).
 //   - __noinline__ is a macro, and libstdc++ spells it too: a standard header
 //     included after this one breaks (<memory> with g++ 12; <string>,
 //     <algorithm>... with g++ 13), as with old nvcc. NVRTC code includes none;

@@ -111,8 +111,10 @@ struct half_t { unsigned short bits; };
 struct bfloat_t { unsigned short bits; };
 
 // ---------------------------------------------------------------------------
-// SIMD-group (32 lanes). Each function is one rendezvous of the SIMD-group's
-// live lanes (kk_rt_simd_exchange); the active lanes are the live ones.
+// SIMD-group (32 lanes). Each function is one rendezvous (kk_rt_simd_exchange):
+// its active lanes are the lanes that reach its call site, whatever the other
+// lanes of the SIMD-group wait at (another site, a barrier) or whether they
+// returned, as on a GPU.
 
 KK_FN unsigned simd_lane() {
   const kk_thread_ctx* t = kk_rt_current;
