@@ -278,3 +278,32 @@ def test_simdgroup_matrix_gemm(device, dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=tol, atol=tol)
     torch.testing.assert_close(extra.double(), 2 * a[:8, :8].double().T, rtol=tol, atol=tol)
+
+
+# The same layer in a CUDA-dialect body: `#include <kernelkit/tensor_ops.h>`, the same names.
+CUDA_MATMUL = """
+  using namespace metal;
+  using namespace mpp::tensor_ops;
+  auto A = tensor(a, dextents<int, 2>(K, M));
+  auto B = tensor(b, dextents<int, 2>(N, K));
+  auto C = tensor(c, dextents<int, 2>(N, M));
+  constexpr auto desc = matmul2d_descriptor(M, N, K);
+  matmul2d<desc, execution_simdgroups<2>> op;
+  auto ct = op.get_destination_cooperative_tensor<decltype(A), decltype(B), float>();
+  op.run(A, B, ct);
+  auto rows = op.get_row_reduction_destination_cooperative_tensor<decltype(A), decltype(B), float>();
+  reduce_rows(ct, rows, reduction_operation::max, reduction_operation_identity<float>::max_identity);
+  for (auto it = ct.begin(); it != ct.end(); ++it) *it -= *rows.map_iterator(it);
+  ct.store(C);
+"""
+
+
+def test_cuda_dialect(device):
+    M, N, K = 40, 24, 32  # two SIMD-groups share the rows in blocks of 16 (the second holds 16..31)
+    k = kk.cuda_kernel("tops_cuda", ["a", "b"], ["c"], CUDA_MATMUL,
+                       header=f"#include <kernelkit/tensor_ops.h>\nconstexpr int M = {M}, N = {N}, K = {K};\n")
+    a, b = torch.randn(M, K, device=device).half(), torch.randn(K, N, device=device).half()
+    c = k(inputs=[a, b], output_shapes=[(M, N)], output_dtypes=[torch.float32], grid=(64, 1, 1),
+          threadgroup=(64, 1, 1))[0]
+    s = a.double() @ b.double()
+    torch.testing.assert_close(c.double(), s - s.max(1, keepdim=True).values, rtol=1e-4, atol=1e-4)

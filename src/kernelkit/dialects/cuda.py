@@ -32,8 +32,10 @@ _TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", 
           "bool": "bool"}
 _SYNC = re.compile(r"__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__uni_sync|"
                    r"__reduce_\w+_sync|__match_\w+_sync|__activemask|cooperative_groups|cg|"
-                   r"this_thread_block|tiled_partition|coalesced_threads")
+                   r"this_thread_block|tiled_partition|coalesced_threads|"
+                   r"matmul2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)")  # tensor ops: SIMD-group ops
 _COOPERATIVE = {"cooperative_groups", "cg"}
+_TENSOR_OPS = re.compile(r"#\s*include\s*[<\"]kernelkit/tensor_ops\.h[>\"]")
 
 
 def type_name(dtype) -> str:
@@ -81,15 +83,18 @@ def mentions(body: str) -> set[str]:
 
 
 def defines(header: str, body: str) -> list[str]:
+    out = []
     if _COOPERATIVE & (identifiers(header) | identifiers(body)):
-        return ["#define KK_CUDA_COOPERATIVE_GROUPS 1"]
-    return []
+        out.append("#define KK_CUDA_COOPERATIVE_GROUPS 1")
+    if _TENSOR_OPS.search(header) or _TENSOR_OPS.search(body):
+        out.append("#define KK_TENSOR_OPS 1")  # codegen.TENSOR_OPS: C++20, the header after the prelude
+    return out
 
 
 def open_unit(header: str, body: str) -> list[str]:
     """As MLX: the user's header at global scope, the kernel in its own namespace."""
     lines = ['#line 1 "header"', header, '#line 1 "kernelkit-generated"', f"namespace {NAMESPACE} {{"]
-    if defines(header, body):
+    if _COOPERATIVE & (identifiers(header) | identifiers(body)):
         lines.append("namespace cg = cooperative_groups;")
     return lines
 
