@@ -231,3 +231,80 @@ def test_exit_is_caught_in_a_subprocess_too():
           output_dtypes=[torch.float32])
     """)
     assert proc.returncode == 1 and "CompileError" in proc.stderr, proc.stderr
+
+
+# --- stacks: large local arrays ----------------------------------------------------------------
+
+BIG_LOCALS = """
+    uint i = thread_position_in_grid.x;
+    int buf[262144];                                  // 1 MiB per thread (GPU: local memory)
+    for (uint k = 0; k < 262144u; ++k) buf[k] = inp[(i + k) % n];
+    {sync}
+    int s = 0;
+    for (uint k = i; k < 262144u; k += 4099u) s += buf[(uint(inp[k % n]) * 4099u + k) % 262144u];
+    out[i] = s;
+"""
+
+
+def big_locals_reference(x, threads):
+    n, xs = len(x), x.tolist()
+    return [sum(xs[(i + (xs[k % n] * 4099 + k) % 262144) % n] for k in range(i, 262144, 4099))
+            for i in range(threads)]
+
+
+def big_locals_kernel(sync):
+    return kk.metal_kernel(name="big_locals" + ("_sync" if sync else ""),
+                           input_names=["inp", "n"], output_names=["out"],
+                           source=BIG_LOCALS.replace("{sync}", sync))
+
+
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_one_mib_of_locals_per_thread(sync):
+    """Finding 13: fiber stacks were 256 KiB; a thread's stack now fits what a GPU thread keeps
+    in local memory (CUDA allows 512 KiB), in both modes, on every worker."""
+    k = big_locals_kernel(sync)
+    x = torch.randint(0, 1000, (97,), dtype=torch.int32)
+    threads = 64
+    out = k(inputs=[x, 97], grid=(threads, 1, 1), threadgroup=(32, 1, 1),
+            output_shapes=[(threads,)], output_dtypes=[torch.int32], stream=CPU)[0]
+    assert out.tolist() == big_locals_reference(x, threads)
+
+
+def test_stack_size_from_the_environment():
+    """KERNELKIT_CPU_STACK_SIZE sets every kernel thread's stack: too small a stack is a clear
+    error (the next call works), and a value that is no size is one too."""
+    proc = run_python(f"""
+        import torch, kernelkit as kk
+        BIG_LOCALS = {BIG_LOCALS!r}
+        x = torch.randint(0, 1000, (97,), dtype=torch.int32)
+        for sync in {SYNC!r}:
+            k = kk.metal_kernel(name="big_locals" + ("_sync" if sync else ""),
+                                input_names=["inp", "n"], output_names=["out"],
+                                source=BIG_LOCALS.replace("{{sync}}", sync))
+            try:
+                k(inputs=[x, 97], grid=(64, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(64,)],
+                  output_dtypes=[torch.int32])
+            except kk.KernelLaunchError as e:
+                print("ERROR", e)
+            small = kk.metal_kernel(name="small", input_names=["a"], output_names=["b"],
+                                    source="b[thread_position_in_grid.x] = a[thread_position_in_grid.x] + 1;")
+            assert small(inputs=[x], grid=(97, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(97,)],
+                         output_dtypes=[torch.int32])[0].tolist() == (x + 1).tolist()
+    """, KERNELKIT_CPU_STACK_SIZE="256K")
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR")]
+    assert proc.returncode == 0 and len(errors) == 2, proc.stdout + proc.stderr
+    for e in errors:
+        assert re.search(r"kernel 'big_locals(_sync)?': stack overflow \(invalid memory access at "
+                         r"address 0x[0-9a-f]+ in the guard page of the thread's 256 KiB stack, "
+                         r"SIGSEGV\) in thread \(0,0,0\) of threadgroup \(\d,0,0\).*"
+                         r"KERNELKIT_CPU_STACK_SIZE sets the stack size \(now 256K\)", e), e
+
+    proc = run_python("""
+        import torch, kernelkit as kk
+        k = kk.metal_kernel(name="small", input_names=["a"], output_names=["b"],
+                            source="b[thread_position_in_grid.x] = a[thread_position_in_grid.x] + 1;")
+        k(inputs=[torch.zeros(4, dtype=torch.int32)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+          output_shapes=[(4,)], output_dtypes=[torch.int32])
+    """, KERNELKIT_CPU_STACK_SIZE="lots")
+    assert proc.returncode == 1 and "KERNELKIT_CPU_STACK_SIZE='lots' is not a stack size" in \
+        proc.stderr, proc.stderr

@@ -32,8 +32,10 @@ _RUNTIME_HEADERS = ("cpu_runtime.h", "launch.h")  # part of the runtime's cache 
 _RUNTIME_ABI = 2  # KK_RT_ABI_VERSION in cpu_runtime.h
 MAX_THREADS_PER_GROUP = 1024
 _ERROR_CAPACITY = 2048  # bytes for the runtime's error message
+# -fstack-clash-protection: a frame larger than a page is touched page by page, so a kernel that
+# overflows its stack hits the guard page below it (an error) instead of another thread's stack.
 _BASE_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
-               "-Wno-attributes"]
+               "-Wno-attributes", "-fstack-clash-protection"]
 _MATH_FLAGS = {
     "safe": ["-ffp-contract=off"],
     "relaxed": ["-ffp-contract=fast", "-fno-math-errno"],
