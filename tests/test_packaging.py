@@ -208,3 +208,18 @@ def test_license_is_apache():
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     if not EDITABLE:
         assert importlib.metadata.metadata("kernelkit")["License-Expression"] == "Apache-2.0"
+
+
+def test_demo_on_a_gpu_without_the_cuda_extra_runs_on_the_cpu(monkeypatch, capsys):
+    import torch
+
+    from kernelkit import cli
+    from kernelkit.backends import cuda
+
+    def missing():
+        raise cuda.CudaUnavailable(f"NVRTC not found: {cuda.INSTALL}")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "_nvrtc", missing)
+    assert cli._device(None, "demo") == torch.device("cpu")
+    assert 'pip install "kernelkit[cuda]"; running on the CPU' in capsys.readouterr().err

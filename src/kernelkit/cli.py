@@ -1,6 +1,6 @@
 """The `kernelkit` command.
 
-    kernelkit demo    run the seeds' kernels on the best device, check them, time them against torch
+    kernelkit demo    run five example kernels on the best device, check them, time them against torch
     kernelkit bench   the benchmark suite behind BENCHMARKS.md: JSON, Markdown and charts
     kernelkit doctor  what this machine offers (GPUs, driver, NVRTC, headers, C++ compiler, cache)
     kernelkit cache   show, list or clear the compile cache
@@ -19,7 +19,15 @@ def _device(name: str | None, command: str):
     """The device asked for (else the GPU if there is one, else the CPU); None if unusable."""
     import torch
     if not name:
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        from .backends import cuda
+        try:
+            cuda._nvrtc()
+        except cuda.CudaUnavailable as e:
+            print(f"kernelkit {command}: {e}; running on the CPU", file=sys.stderr)
+            return torch.device("cpu")
+        return torch.device("cuda")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -160,6 +168,10 @@ def demo(args) -> int:
               f"{t_ref / t_ours:>8.2f}x{'' if ok else '  MISMATCH (tolerance %.0e)' % args.tolerance}",
               flush=True)
     print("references: " + "; ".join(f"{c[0]}: {c[5]}" for c in cases))
+    print("speed-up: the reference's time over kernelkit's" + (
+        "" if device.type == "cuda" else "; on the CPU, below 1 is expected: the CPU backend runs a "
+        "kernel body thread by thread as C++ (to develop and test GPU kernels without a GPU), "
+        "against torch's vectorised CPU code"))
     if args.plot and plotted:
         try:
             benchmarks.bar_chart(args.plot, f"kernelkit demo\n{benchmarks.device_name(device)}", "ms",
@@ -297,10 +309,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"kernelkit {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,bench,doctor,cache}")
 
-    p = sub.add_parser("demo", help="run the seeds' kernels, check them, time them against torch",
-                       description="Run the seeds' examples (exp, strided exp, grid_sample and its VJP, "
-                       "matmul_add_relu) on the best device present, check each against torch (relative "
-                       "error ||out - ref|| / ||ref||) and time both. Exits 1 if a check fails.")
+    p = sub.add_parser("demo", help="run five example kernels, check them, time them against torch",
+                       description="Run five example kernels (exp, exp of a strided view, grid_sample "
+                       "and its VJP, matmul_add_relu) on the best device present, check each against "
+                       "torch (relative error ||out - ref|| / ||ref||) and time both. Exits 1 if a "
+                       "check fails.")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the GPU if there is one, else the CPU)")
     p.add_argument("--small", action="store_true", help="tiny shapes: a smoke test in seconds")
     p.add_argument("--repeat", type=int, help="timed calls per op (default: 20 on a GPU, 5 on the CPU)")
