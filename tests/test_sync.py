@@ -1,8 +1,8 @@
 """Threads that synchronise (issue 3): barriers, SIMD-group functions and atomics in whole
 algorithms, on every backend, with exact expected results from a Python model (integer data,
-so the CPU and the GPU give the same bits); and, on the CPU backend, the kernels that can never
-complete on a GPU (divergent SIMD-group functions, impossible barriers) stopped with a clear
-error instead of a hang.
+so the CPU and the GPU give the same bits), SIMD-group functions in divergent code with the
+GPU's active lanes (issue 14); and, on the CPU backend, the kernels that can never complete
+(impossible barriers) stopped with a clear error instead of a hang.
 """
 
 import threading
