@@ -110,6 +110,76 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned
          ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+// mbarriers (shared::cta) and the bulk tensor copy (TMA) that completes on them.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_inval(unsigned bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nKK_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra KK_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
+// Tensor maps made on the device (as Triton's device-side descriptors): zeroed in shared memory,
+// every field of a 2-D tiled map set by tensormap.replace, then copied to global memory, where
+// TMA reads them. Each warpgroup in a run holds one slot of two maps, claimed per SM.
+constexpr int max_sms = 256, slots_per_sm = 16;
+__device__ __align__(128) unsigned char tensor_maps[max_sms * slots_per_sm][2][128];
+__device__ unsigned tensor_map_slots[max_sms];
+
+__device__ __forceinline__ int claim_slot(unsigned sm) {
+  for (;;) {
+    const unsigned free = ~*reinterpret_cast<volatile unsigned*>(&tensor_map_slots[sm]) & ((1u << slots_per_sm) - 1);
+    const unsigned bit = free & (0u - free);
+    if (bit && !(atomicOr(&tensor_map_slots[sm], bit) & bit)) return __ffs(bit) - 1;
+  }
+}
+__device__ __forceinline__ void release_slot(unsigned sm, int slot) { atomicAnd(&tensor_map_slots[sm], ~(1u << slot)); }
+
+// A 2-D map, dims innermost first, 128-byte swizzle, zero fill: ElemType 0/1/2 = 1/2/4-byte.
+template <int ElemType>
+__device__ __forceinline__ void make_map(unsigned map, const void* base, unsigned dim0, unsigned dim1,
+                                         unsigned long long stride1_bytes, unsigned box0, unsigned box1) {
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(map),
+               "l"(base) : "memory");
+  asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;\n" ::"r"(map) : "memory");  // rank - 1
+  asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 0, %1;\n" ::"r"(map), "r"(box0) : "memory");
+  asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 1, %1;\n" ::"r"(map), "r"(box1) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;\n" ::"r"(map), "r"(dim0) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;\n" ::"r"(map), "r"(dim1) : "memory");
+  asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;\n" ::"r"(map),
+               "l"(stride1_bytes) : "memory");
+  asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 0, 1;\n" ::"r"(map) : "memory");
+  asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 1, 1;\n" ::"r"(map) : "memory");
+  asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], %1;\n" ::"r"(map), "n"(ElemType) : "memory");
+  asm volatile("tensormap.replace.tile.interleave_layout.shared::cta.b1024.b32 [%0], 0;\n" ::"r"(map) : "memory");
+  asm volatile("tensormap.replace.tile.swizzle_mode.shared::cta.b1024.b32 [%0], 3;\n" ::"r"(map) : "memory");
+  asm volatile("tensormap.replace.tile.fill_mode.shared::cta.b1024.b32 [%0], 0;\n" ::"r"(map) : "memory");
+}
+// Whole warp: the map built in shared memory to global memory, visible to TMA.
+__device__ __forceinline__ void publish_map(void* global, unsigned map) {
+  asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n"
+               ::"l"(global), "r"(map) : "memory");
+}
+__device__ __forceinline__ void acquire_map(const void* global) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(global) : "memory");
+}
+
 // The asm operand lists for wgmma m64nNk*, N/2 accumulators (generated; %i numbering).
 #define KK_WG_F(x) "+f"(x)
 #define KK_WG_I(x) "+r"(x)
@@ -291,6 +361,25 @@ template <class T, int R, bool KMajor> struct stager {
     }
   }
 
+  // TMA takes the operand: contiguous side stride 1, rows 16-byte aligned (vec), sizes in range.
+  __device__ bool tma_ok(int K) const {
+    return vec && mn_valid > 0 && K > 0 && os * size < (1ll << 40);
+  }
+  // The map of this operand: K-major, boxes of 128 bytes of K by R rows; MN-major, 64 M (N)
+  // by 64 K-rows, R / 64 of them a stage.
+  __device__ void make(unsigned map, int K) const {
+    make_map<size == 1 ? 0 : size == 2 ? 1 : 2>(map, p, KMajor ? K : mn_valid, KMajor ? mn_valid : K, os * size,
+                                                 128 / size, KMajor ? R : 128 / size);
+  }
+  __device__ static void issue(unsigned dst, const void* map, int k0, unsigned bar) {
+    if constexpr (KMajor) {
+      tma_load_2d(dst, map, k0, 0, bar);
+    } else {
+#pragma unroll
+      for (int j = 0; j < R / 64; ++j) tma_load_2d(dst + j * slab, map, 64 * j, k0, bar);
+    }
+  }
+
   // The descriptor of the 64-row (A) or whole (B) block `block` at K step kk (32 bytes of K).
   __device__ static unsigned long long desc(unsigned tile, int block, int kk) {
     if constexpr (KMajor) return descriptor(tile + block * 64 * 128 + kk * 32, 16, 1024);
@@ -310,7 +399,8 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
                                     BN % 64 == 0 && BN > 0 && BN <= 256 && Stages >= 2;
   static constexpr int acc_per_thread = BM * BN / 128;
   static constexpr int stage_bytes = (BM + BN) * 128;
-  static constexpr int smem_bytes = Stages * stage_bytes + 1024;  // + 1024: aligning the atoms
+  // + 1024 to align the stages to the swizzle atoms, + 512 for the mbarriers and two tensor maps
+  static constexpr int smem_bytes = Stages * stage_bytes + 1024 + 512;
   static constexpr int BK = 128 / sizeof(TA);                     // K elements per stage
 
   __device__ static void coord(int i, int t, int& row, int& col) {
@@ -333,6 +423,25 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
   }
 
  private:
+  // One K step of MMAs from the stage at a_tile / b_tile (4 wgmmas of 32 bytes of K per 64 rows).
+  template <bool KA, bool KB>
+  __device__ static void mma_stage(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile) {
+    using namespace detail;
+#pragma unroll
+    for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const unsigned long long db = stager<TB, BN, KB>::desc(b_tile, 0, kk);
+#pragma unroll
+      for (int mi = 0; mi < BM / 64; ++mi)
+        mma<BN, A, B, KA ? 0 : 1, KB ? 0 : 1>(acc + mi * (BN / 2), stager<TA, BM, KA>::desc(a_tile, mi, kk), db, 1);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
+  }
+
   template <bool KA, bool KB>
   __device__ static void run_as(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
                                 long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate) {
@@ -346,6 +455,7 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
     if (dynamic < unsigned((wg + 1) * smem_bytes)) __trap();
     extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
     const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + wg * smem_bytes + 1023) & ~1023u;
+    const unsigned extra = base + Stages * stage_bytes;  // full[S], empty[S], slot word, 2 maps
     const int barrier = 1 + wg;
 
     const stager<TA, BM, KA> sa(A_, a_rs, a_cs, m_valid);
@@ -355,6 +465,83 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
       for (int i = 0; i < acc_per_thread; ++i) acc[i] = TAcc(0);
     }
     const int tiles = (K + BK - 1) / BK;
+    unsigned sm;
+    asm("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (sa.tma_ok(K) && sb.tma_ok(K) && sm < max_sms) {
+      // TMA: thread 0 issues each stage's copies, completing on full[s]; the warps release a
+      // stage on empty[s] once their MMAs have read it. One MMA group stays in flight.
+      const unsigned full = extra, empty = extra + 8 * Stages, slot_word = extra + 128;
+      const unsigned map_a = extra + 256, map_b = extra + 384;
+      int slot = 0;
+      if (t < 32) {
+        if (t == 0) {
+          slot = claim_slot(sm);
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot_word), "r"(slot) : "memory");
+        }
+        st_shared(map_a + 4 * t, 0u);
+        st_shared(map_b + 4 * t, 0u);
+        __syncwarp();
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slot) : "r"(slot_word) : "memory");
+        if (t == 0) {
+          sa.make(map_a, K);
+          sb.make(map_b, K);
+        }
+        __syncwarp();
+        publish_map(tensor_maps[sm * slots_per_sm + slot][0], map_a);
+        publish_map(tensor_maps[sm * slots_per_sm + slot][1], map_b);
+      }
+      const void* ga = tensor_maps[sm * slots_per_sm + slot][0];
+      const void* gb = tensor_maps[sm * slots_per_sm + slot][1];
+      if (t == 0) {
+        acquire_map(ga);
+        acquire_map(gb);
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+          mbar_init(full + 8 * s, 1);
+          mbar_init(empty + 8 * s, 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      }
+      warpgroup_barrier(barrier);
+      if (t == 0) {
+        for (int s = 0; s < Stages && s < tiles; ++s) {
+          mbar_expect_tx(full + 8 * s, stage_bytes);
+          sa.issue(base + s * stage_bytes, ga, s * BK, full + 8 * s);
+          sb.issue(base + s * stage_bytes + sa.bytes, gb, s * BK, full + 8 * s);
+        }
+      }
+#pragma unroll 1
+      for (int kt = 0; kt < tiles; ++kt) {
+        const int s = kt % Stages;
+        mbar_wait(full + 8 * s, (kt / Stages) & 1);
+        mma_stage<KA, KB>(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes);
+        wgmma_wait<1>();  // tile kt - 1's MMAs are done: its stage can be refilled
+        if (kt > 0) {
+          const int ps = (kt - 1) % Stages, next = kt - 1 + Stages;
+          if ((t & 31) == 0) mbar_arrive(empty + 8 * ps);
+          if (t == 0 && next < tiles) {
+            mbar_wait(empty + 8 * ps, ((kt - 1) / Stages) & 1);
+            mbar_expect_tx(full + 8 * ps, stage_bytes);
+            sa.issue(base + ps * stage_bytes, ga, next * BK, full + 8 * ps);
+            sb.issue(base + ps * stage_bytes + sa.bytes, gb, next * BK, full + 8 * ps);
+          }
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
+      warpgroup_barrier(barrier);  // every copy landed and was read: barriers and slot are free
+      if (t == 0) {
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+          mbar_inval(full + 8 * s);
+          mbar_inval(empty + 8 * s);
+        }
+        release_slot(sm, slot);
+      }
+      return;
+    }
+    // cp.async: every thread copies its chunks of a stage, Stages - 1 tiles ahead.
 #pragma unroll
     for (int s = 0; s < Stages - 1; ++s) {
       if (s < tiles) {
@@ -368,19 +555,8 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
       cp_async_wait<Stages - 2>();  // this thread's copies of tile kt have landed
       fence_proxy_async();
       warpgroup_barrier(barrier);   // everyone's have; and every warp finished tile kt - 1's MMAs
-      const unsigned a_tile = base + (kt % Stages) * stage_bytes, b_tile = a_tile + sa.bytes;
-#pragma unroll
-      for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const unsigned long long db = stager<TB, BN, KB>::desc(b_tile, 0, kk);
-#pragma unroll
-        for (int mi = 0; mi < BM / 64; ++mi)
-          mma<BN, A, B, KA ? 0 : 1, KB ? 0 : 1>(acc + mi * (BN / 2), stager<TA, BM, KA>::desc(a_tile, mi, kk),
-                                                db, 1);
-      }
-      wgmma_commit();
+      const unsigned a_tile = base + (kt % Stages) * stage_bytes;
+      mma_stage<KA, KB>(acc, a_tile, a_tile + sa.bytes);
       // While the tensor cores run tile kt, copy tile kt + Stages - 1 into the stage tile kt - 1
       // left (its MMAs finished before the barrier above).
       const int next = kt + Stages - 1;
