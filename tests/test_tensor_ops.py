@@ -56,6 +56,13 @@ def test_tile_matmul_edge_tiles(device, dtype):
     torch.testing.assert_close(c.double(), ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tile_matmul_warpgroup_tiles(device, dtype):
+    """64 x 64 tiles over 4 SIMD-groups: the shape Hopper's warpgroup path (wgmma) takes."""
+    c, ref = _tile_matmul(device, dtype, torch.float32, 130, 70, 100, TM=64, TN=64)
+    torch.testing.assert_close(c.double(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_tile_matmul_transposed_accumulate_relaxed(device):
     """transpose_right, multiply_accumulate onto the destination, relaxed float (tf32 allowed)."""
     c, ref = _tile_matmul(device, torch.float32, torch.float32, 40, 33, 50, tr=True, acc=True, relaxed=True)

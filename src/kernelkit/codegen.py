@@ -9,6 +9,8 @@ turns the target's thread ids into a kk_thread_ctx and calls `kk_call`.
 
 from __future__ import annotations
 
+import os
+
 from .signature import Signature
 
 # A kernel that uses tensor ops (include/kernelkit/tensor_ops.h) says so with this line, which the
@@ -43,6 +45,8 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
            *defines,
            f"#include <{dialect.PRELUDE}>"]
     if TENSOR_OPS in defines:
+        if os.environ.get("KERNELKIT_TENSOR_OPS_REPORT", "0") not in ("", "0"):
+            out.append("#define KK_TOPS_REPORT 1")  # each run prints its path (tensor_ops/matmul2d.h)
         out.append("#include <kernelkit/tensor_ops.h>")
     if target == "cpu":  # threads of a group as fibers, or as a plain loop
         out.append(f"#define KK_CPU_SYNC {int(uses_sync)}")

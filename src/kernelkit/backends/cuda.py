@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -123,6 +124,15 @@ def nvrtc_version() -> str:
     nvrtc = _nvrtc()
     major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
     return f"nvrtc-{major}.{minor}"
+
+
+_TOPS_SHARED = re.compile(rb"kk_tops_dynamic_smemILi(\d+)EE")
+
+
+def tensor_ops_shared(cubin: bytes) -> int:
+    """The dynamic shared memory a tensor-op kernel's warpgroup runs stage through: each run site on
+    that path names its need in a symbol (include/kernelkit/tensor_ops/warpgroup.h)."""
+    return max((int(n) for n in _TOPS_SHARED.findall(cubin)), default=0)
 
 
 def target_arch(arch: str, source: str) -> str:
@@ -322,16 +332,18 @@ class CudaBackend:
             except CompileError as e:
                 raise e.with_context(context, body, header) from None
 
-        func = dev.modules.get(key)
-        if func is None:
+        loaded = dev.modules.get(key)
+        if loaded is None:
             cubin = CACHE.get(key, ".cubin", source, compile_)
-            func = dev.modules.setdefault(key, dev.load(cubin, entry))
-        return _Program(dev, func, block_size)
+            loaded = dev.modules.setdefault(key, (dev.load(cubin, entry), tensor_ops_shared(cubin)))
+        func, tops_shared = loaded
+        return _Program(dev, func, block_size, tops_shared)
 
     def launcher(self, program, device, grid, group, shared: int, stream, name: str):
         """launch(block): launches the program over this dispatch with a packed argument block, on
         `stream` (a torch stream), else on the current stream at each launch."""
         dev, func = program.device, program.func
+        shared += program.tops_shared
         if shared > program.shared_limit:
             dev.set_max_dynamic_shared(func, shared)
             program.shared_limit = shared
@@ -374,7 +386,8 @@ class CudaBackend:
         dev = program.device
         blocks = groups_per_grid(grid, group)
         plan = module.make_plan(
-            int(program.func), dev._context_int, (*blocks, *group, shared), signature.fill_table(),
+            int(program.func), dev._context_int, (*blocks, *group, shared + program.tops_shared),
+            signature.fill_table(),
             signature.constant_block((*grid, shared)), prototypes, torch.Size,
             _raw_stream or _current_stream, dev.index, prepare,
             functools.partial(_launch_failed, device=dev, name=name), torch.empty_like)
@@ -384,8 +397,10 @@ class CudaBackend:
 class _Program:
     """A loaded kernel, and the host buffer cuda-bindings launches pass its argument block from."""
 
-    def __init__(self, device: Device, func, block_size: int):
+    def __init__(self, device: Device, func, block_size: int, tops_shared: int = 0):
         self.device, self.func, self.shared_limit = device, func, 48 * 1024
+        # Dynamic shared memory for the tensor ops' warpgroup path, launched before the body's own.
+        self.tops_shared = tops_shared
         self.block = ctypes.create_string_buffer(block_size)
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.block))  # the one kernel parameter
         self.params_address = ctypes.addressof(self.params)

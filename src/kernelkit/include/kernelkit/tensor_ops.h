@@ -19,6 +19,7 @@
 #include "tensor_ops/loops.h"               // the loops path
 #if defined(KK_TARGET_CUDA)
 #include "tensor_ops/mma_sync.h"            // the warp tensor-core path (sm_80+)
+#include "tensor_ops/warpgroup.h"           // the warpgroup path (wgmma, sm_90a)
 #endif
 #include "tensor_ops/matmul2d.h"            // matmul2d, its path
 #include "tensor_ops/reduction.h"           // reduce_rows, reduce_columns

@@ -6,10 +6,11 @@
 
 // Call sites of the operations that meet other lanes (the CPU runtime matches lanes by site;
 // see kernelkit/launch.h). A defaulted trailing parameter names the user's line.
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define KK_TOPS_SITE(op) {(op), nullptr, 0u}
-#else
+// (The GPU ignores sites; the path report, KK_TOPS_REPORT, prints their lines on both targets.)
 #define KK_TOPS_SITE(op) {(op), __builtin_FILE(), static_cast<unsigned>(__builtin_LINE())}
+
+#if defined(KK_TOPS_REPORT) && !defined(KK_TARGET_CUDA)
+#include <stdio.h>
 #endif
 
 namespace kk {
@@ -61,6 +62,16 @@ KK_FN unsigned simdgroup_id() {
   return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) >> 5;
 #else
   return kk_rt_current->tindex >> 5;
+#endif
+}
+
+// Is this the first thread of the launch (the one that reports)?
+KK_FN bool first_thread() {
+#if defined(KK_TARGET_CUDA)
+  return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+#else
+  const kk_thread_ctx* t = kk_rt_current;
+  return (t->gid.x | t->gid.y | t->gid.z | t->tindex) == 0;
 #endif
 }
 

@@ -14,6 +14,7 @@ namespace tops {
 template <class Acc, mpp::tensor_ops::matmul2d_descriptor D, class Layout, class Left, class Right>
 struct loops_matmul {
   static constexpr bool tl = D.transpose_left, tr = D.transpose_right;
+  static constexpr KK_FN const char* name() { return is_integer_v<Acc> ? "loops (int32)" : "loops (float)"; }
 
   // acc[i] += sum over k < K of left(row(i), k) * right(k, col(i)) for this thread's elements.
   static KK_FN void run(Acc (&acc)[Layout::capacity], const Left& left, const Right& right, int K, const kk::site& s) {

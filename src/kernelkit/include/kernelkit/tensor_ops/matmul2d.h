@@ -147,6 +147,16 @@ class matmul2d {
       if constexpr (metal::is_tensor_v<Left>) K = left_k<Descriptor.transpose_left>(left);
       else K = right_k<Descriptor.transpose_right>(right);
     }
+#if defined(KK_TOPS_WGMMA)
+    using wg = warpgroup_matmul<Descriptor, W, Left, Right, Dest, Acc>;
+    if constexpr (wg::applies) {
+      if (wg::ready(left, right)) {
+        report(wg::name(), s);
+        wg::run(left, right, destination, K);
+        return;
+      }
+    }
+#endif
     constexpr bool accumulate = Descriptor.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate;
     Acc acc[DL::capacity];
     if constexpr (is_cooperative_v<Dest>) {
@@ -160,11 +170,15 @@ class matmul2d {
       }
     }
 #if defined(KK_TOPS_MMA_SYNC)
-    if constexpr (path_of<DL, Left, Right, Dest>() == path::mma_sync)
+    if constexpr (path_of<DL, Left, Right, Dest>() == path::mma_sync) {
+      report(mma_sync_matmul<Acc, Descriptor, DL, Left, Right>::name(), s);
       mma_sync_matmul<Acc, Descriptor, DL, Left, Right>::run(acc, left, right, K);
-    else
+    } else
 #endif
+    {
+      report(loops_matmul<Acc, Descriptor, DL, Left, Right>::name(), s);
       loops_matmul<Acc, Descriptor, DL, Left, Right>::run(acc, left, right, K, s);
+    }
     if constexpr (is_cooperative_v<Dest>) {
       for (int i = 0; i < DL::capacity; ++i) destination.v[i] = convert<DV>(acc[i]);
     } else {
@@ -178,6 +192,17 @@ class matmul2d {
   }
 
  private:
+  // With KK_TOPS_REPORT (KERNELKIT_TENSOR_OPS_REPORT=1), the launch's first thread prints each run's path.
+  static KK_FN void report(const char* path, const kk::site& s) {
+#if defined(KK_TOPS_REPORT)
+    if (kk::tops::first_thread())
+      printf("kernelkit tensor ops: %s:%u: matmul2d<(%d, %d, %d%s), %s<%d>>: %s\n", s.file, s.line, Descriptor.m,
+             Descriptor.n, KS, KS ? "" : ": dynamic", W ? "execution_simdgroups" : "execution_threads", W ? W : 1, path);
+#else
+    (void)path, (void)s;
+#endif
+  }
+
   template <class LE, class RE, class T>
   static KK_FN void check_inputs() {
     static_assert(W == 1, "Input cooperative tensors require a single SIMD group");

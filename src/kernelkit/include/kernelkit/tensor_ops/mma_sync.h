@@ -67,6 +67,11 @@ KK_FN void mma_s8(int (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 
 template <class Acc, mpp::tensor_ops::matmul2d_descriptor D, class Layout, class Left, class Right>
 struct mma_sync_matmul {
+  static constexpr KK_FN const char* name() {
+    return S == mma_shape::f16 ? "mma.sync m16n8k16 f16" : S == mma_shape::bf16 ? "mma.sync m16n8k16 bf16"
+         : S == mma_shape::s8 ? "mma.sync m16n8k32 s8" : split_left || split_right ? "mma.sync m16n8k8 3xTF32"
+         : "mma.sync m16n8k8 tf32";
+  }
   using LV = typename operand_traits<Left>::value_type;
   using RV = typename operand_traits<Right>::value_type;
   static constexpr mma_shape S = mma_shape_of<LV, RV, conditional_t<is_integer_v<Acc>, int, float>>();

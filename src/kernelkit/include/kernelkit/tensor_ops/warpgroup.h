@@ -1,0 +1,98 @@
+// kernelkit/tensor_ops/warpgroup.h: matmul2d::run on a Hopper warpgroup (wgmma, sm_90a), through
+// sm90_wgmma.h's warpgroup_gemm, where it applies:
+//   - scope execution_simdgroups<4> (one warpgroup), left, right and destination tensors (not
+//     cooperative), no scales plane, m a multiple of 64 and n one of 64..256 (multiples of 64);
+//   - types warpgroup_gemm takes: half x half, bfloat x bfloat, fp8 x fp8 -> float, float x float
+//     -> float with relaxed_precision (tf32), int8 x int8 -> int32;
+//   - at run time: both inputs in device (global) memory, and the launch gave the kernel the
+//     dynamic shared memory warpgroup_gemm stages through. The CUDA backend gives a tensor-op
+//     kernel what its warpgroup runs need: each run site names that amount in the cubin
+//     (kk_tops_dynamic_smem<bytes>, read by backends/cuda.py). Otherwise run takes mma.sync.
+// The accumulators are warpgroup_gemm's own (its coord layout), loaded from and stored to the
+// destination tensor here: a cooperative destination keeps the mma.sync path and layout.h.
+#pragma once
+
+#if defined(KK_TARGET_CUDA) && __has_include(<kernelkit/tensor_ops/sm90_wgmma.h>)
+#include <kernelkit/tensor_ops/sm90_wgmma.h>
+#define KK_TOPS_WGMMA 1
+
+// The dynamic shared memory a warpgroup run needs, as a symbol the backend finds in the cubin.
+template <int Bytes> __device__ int kk_tops_dynamic_smem = Bytes;
+
+namespace kk {
+namespace tops {
+
+// CUDA's type for an element type, for warpgroup_gemm (void: none).
+template <class T, kind K = kind_of<T>> struct cuda_type { using type = void; };
+template <class T> struct cuda_type<T, kind::f16> { using type = __half; };
+template <class T> struct cuda_type<T, kind::bf16> { using type = __nv_bfloat16; };
+template <class T> struct cuda_type<T, kind::e4m3> { using type = __nv_fp8_e4m3; };
+template <class T> struct cuda_type<T, kind::e5m2> { using type = __nv_fp8_e5m2; };
+template <class T> struct cuda_type<T, kind::s8> { using type = signed char; };
+template <class T> struct cuda_type<T, kind::f32> { using type = float; };
+
+template <mpp::tensor_ops::matmul2d_descriptor D, int W, class Left, class Right, class Dest, class Acc>
+struct warpgroup_matmul {
+  using TA = typename cuda_type<typename operand_traits<Left>::value_type>::type;
+  using TB = typename cuda_type<typename operand_traits<Right>::value_type>::type;
+  static constexpr bool tensors = metal::is_tensor_v<Left> && metal::is_tensor_v<Right> && metal::is_tensor_v<Dest> &&
+                                  !operand_traits<Left>::scaled && !operand_traits<Right>::scaled;
+  static constexpr bool float_ok = !is_same_v<TA, float> || D.relaxed_precision;  // wgmma's float is tf32
+  static constexpr bool shape_ok = W == 4 && D.m > 0 && D.m % 64 == 0 && D.n > 0 && D.n % 64 == 0 && D.n <= 256;
+  // (Another shape names a valid instantiation that `applies` rules out.)
+  using gemm = sm90::warpgroup_gemm<(shape_ok ? D.m : 64), (shape_ok ? D.n : 64),
+                                    conditional_t<is_same_v<TA, void>, float, TA>, conditional_t<is_same_v<TB, void>, float, TB>, Acc>;
+  static constexpr bool applies = shape_ok && tensors && float_ok && !is_same_v<TA, void> && !is_same_v<TB, void> &&
+                                  gemm::supported;
+
+  static constexpr KK_FN const char* name() { return "wgmma (sm90 warpgroup_gemm, 3 stages, cp.async)"; }
+
+  // Whether this run can take the path (uniform over the warpgroup).
+  static KK_FN bool ready(const Left& l, const Right& r) {
+    if constexpr (!applies) {
+      return false;
+    } else {
+      asm volatile("" ::"l"(&kk_tops_dynamic_smem<gemm::smem_bytes>));
+      unsigned smem;
+      asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
+      return smem >= unsigned(gemm::smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr);
+    }
+  }
+
+  // destination (+)= left * right over K.
+  static KK_FN void run(const Left& l, const Right& r, Dest& d, int K) {
+    if constexpr (applies) {
+      constexpr bool tl = D.transpose_left, tr = D.transpose_right;
+      constexpr bool accumulate = D.matmul_mode == mpp::tensor_ops::matmul2d_descriptor::mode::multiply_accumulate;
+      const int t = int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 127;
+      // A (m, k) and B (k, n) strides in elements: a left tensor is (K, M) (or (M, K) transposed)
+      const long a_rs = l.get_stride(tl ? 0 : 1), a_cs = l.get_stride(tl ? 1 : 0);
+      const long b_rs = r.get_stride(tr ? 0 : 1), b_cs = r.get_stride(tr ? 1 : 0);
+      const int m_valid = min_int(D.m, int(l.get_extent(tl ? 0 : 1)));
+      const int n_valid = min_int(D.n, int(r.get_extent(tr ? 1 : 0)));
+      K = min_int(K, tl ? int(l.get_extent(1)) : int(l.get_extent(0)));
+      K = min_int(K, tr ? int(r.get_extent(0)) : int(r.get_extent(1)));
+      Acc acc[gemm::acc_per_thread];
+#pragma unroll
+      for (int i = 0; i < gemm::acc_per_thread; ++i) {
+        int row, col;
+        gemm::coord(i, t, row, col);
+        acc[i] = accumulate ? tensor_value<Acc>(d, col, row) : Acc(0);
+      }
+      gemm::run(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs, b_cs,
+                m_valid, n_valid, K, accumulate);
+      using DV = typename operand_traits<Dest>::value_type;
+#pragma unroll
+      for (int i = 0; i < gemm::acc_per_thread; ++i) {
+        int row, col;
+        gemm::coord(i, t, row, col);
+        if (row < D.m && col < D.n && col < int(d.get_extent(0)) && row < int(d.get_extent(1)))
+          d(col, row) = convert<DV>(acc[i]);
+      }
+    }
+  }
+};
+
+}  // namespace tops
+}  // namespace kk
+#endif
