@@ -455,23 +455,39 @@ def disk() -> DiskCache | None:
 class CompileCache:
     def __init__(self):
         self._memory: dict[str, bytes] = {}
+        self._building: dict[str, threading.Lock] = {}  # key -> held while one thread builds it
         self._lock = threading.Lock()
 
     def get(self, key: str, suffix: str, source: str, build: Callable[[], bytes]) -> bytes:
-        """The binary for `key`, building (and storing) it on a miss. The bytes come from memory,
-        from the compiler, or from a disk entry verified here, in this call: a caller that needs
-        a file writes its own from them (backends/cpu.py)."""
+        """The binary for `key`, building (and storing) it on a miss; threads that miss the same
+        key meanwhile wait for that build. The bytes come from memory, from the compiler, or from
+        a disk entry verified here, in this call: a caller that needs a file writes its own from
+        them (backends/cpu.py)."""
         binary = self._memory.get(key)
-        if binary is None:
-            store = disk()
-            binary = store.read(key, suffix) if store else None
+        if binary is not None:
+            return binary
+        with self._lock:
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            binary = self._memory.get(key)
             if binary is None:
-                limit = max_bytes()  # a bad KERNELKIT_CACHE_MAX fails before the compiler runs
-                binary = build()
-                if store:
-                    store.write(key, suffix, binary, source, limit)
-            with self._lock:
-                self._memory[key] = binary
+                try:
+                    binary = self._load_or_build(key, suffix, source, build)
+                    with self._lock:
+                        self._memory[key] = binary
+                finally:
+                    with self._lock:
+                        self._building.pop(key, None)
+        return binary
+
+    def _load_or_build(self, key: str, suffix: str, source: str, build: Callable[[], bytes]) -> bytes:
+        store = disk()
+        binary = store.read(key, suffix) if store else None
+        if binary is None:
+            limit = max_bytes()  # a bad KERNELKIT_CACHE_MAX fails before the compiler runs
+            binary = build()
+            if store:
+                store.write(key, suffix, binary, source, limit)
         return binary
 
     def clear(self, stale: bool = False) -> tuple[int, int]:
