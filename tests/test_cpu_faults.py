@@ -221,7 +221,7 @@ def test_exit_in_a_kernel_is_a_compile_error(call):
         run(k, [torch.zeros(8, dtype=torch.int32)], 8)
 
 
-def test_exit_is_caught_in_a_subprocess_too():
+def test_a_process_whose_kernel_calls_exit_fails():
     """The process that calls a kernel with exit() fails loudly: it does not end with status 0."""
     proc = run_python("""
         import torch, kernelkit as kk

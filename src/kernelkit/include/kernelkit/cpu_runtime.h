@@ -48,8 +48,10 @@ const kk_dim3* kk_rt_loop_only(void* worker);
 // Set by the runtime before every fiber resumes.
 extern __thread const kk_thread_ctx* kk_rt_current;
 
-// Rendezvous of the live threads of t's threadgroup / SIMD-group at one site.
-// site may be NULL (then the return address identifies the call site).
+// threadgroup_barrier: rendezvous of the live threads of t's threadgroup at one
+// site. simdgroup_barrier: of the lanes of t's SIMD-group at one site, as
+// kk_rt_simd_exchange. site may be NULL (then the return address identifies the
+// call site).
 void kk_rt_threadgroup_barrier(const kk_thread_ctx* t, const kk_site* site);
 void kk_rt_simdgroup_barrier(const kk_thread_ctx* t, const kk_site* site);
 
@@ -62,8 +64,9 @@ unsigned kk_rt_simd_exchange(const kk_thread_ctx* t, const kk_site* site, const 
                              void* all_out, size_t size);
 
 // Stops the launch with this error; never returns into the kernel. The text
-// comes back as "kernel 'NAME': MESSAGE (thread (x,y,z) of threadgroup (a,b,c))"
-// (the position when t is not NULL). t may be NULL (e.g. in loop mode).
+// comes back as "kernel 'NAME': MESSAGE (thread (x,y,z) of threadgroup (a,b,c),
+// grid position (i,j,k))" (the position when t is not NULL, or in fiber mode).
+// t may be NULL (e.g. in loop mode).
 void kk_rt_fail(const kk_thread_ctx* t, const char* message)
 #ifdef __GNUC__
     __attribute__((noreturn))
