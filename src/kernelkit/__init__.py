@@ -53,24 +53,6 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
     Building the same kernel again (inside a function called every step, as MLX code does)
     costs next to nothing.
 
-    Args:
-        name: the kernel's name, a C identifier (`kk_<name>` in profilers).
-        input_names: the names the body uses for the inputs, in call order.
-        output_names: the names the body uses for the outputs, in return order.
-        source: the body: statements of the kernel function, without its signature.
-        header: code placed before the kernel (helper functions, `#include`s, constants).
-        ensure_row_contiguous: copy inputs that are not row-contiguous before the launch
-            (MLX's default). With False, strided views are passed as they are: index them
-            with `elem_to_loc(i, inp_shape, inp_strides, inp_ndim)`.
-        atomic_outputs: declare the outputs `device atomic<T>*` for
-            `atomic_fetch_add_explicit` and the other Metal atomics.
-        compile_options: `{"math_mode": "safe" | "relaxed" | "fast"}`; Metal's default
-            "fast" (`metal::precise::` functions stay accurate in every mode).
-
-    Returns:
-        A kernel object; calling it compiles (once per dtypes, template values and device,
-        cached in memory and on disk) and launches it.
-
     The kernel is called with keyword arguments only, as MLX's:
 
         outputs = kernel(inputs=[...], output_shapes=[...], output_dtypes=[...],
@@ -92,6 +74,24 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
     - `check_bounds=True`: raise `IndexError` at the first out-of-bounds buffer access;
       `timeout=seconds`: raise `TimeoutError` when a loop runs past it (both compile a checked
       variant and make the call synchronous).
+
+    Args:
+        name: the kernel's name, a C identifier (`kk_<name>` in profilers).
+        input_names: the names the body uses for the inputs, in call order.
+        output_names: the names the body uses for the outputs, in return order.
+        source: the body: statements of the kernel function, without its signature.
+        header: code placed before the kernel (helper functions, `#include`s, constants).
+        ensure_row_contiguous: copy inputs that are not row-contiguous before the launch
+            (MLX's default). With False, strided views are passed as they are: index them
+            with `elem_to_loc(i, inp_shape, inp_strides, inp_ndim)`.
+        atomic_outputs: declare the outputs `device atomic<T>*` for
+            `atomic_fetch_add_explicit` and the other Metal atomics.
+        compile_options: `{"math_mode": "safe" | "relaxed" | "fast"}`; Metal's default
+            "fast" (`metal::precise::` functions stay accurate in every mode).
+
+    Returns:
+        A kernel object; calling it compiles (once per dtypes, template values and device,
+            cached in memory and on disk) and launches it.
 
     Example:
         ```python
@@ -153,8 +153,8 @@ def cuda_kernel(name: str, input_names: Sequence[str], output_names: Sequence[st
 
     Returns:
         A kernel object; calling it compiles (once per dtypes, template values and device,
-        cached in memory and on disk) and launches it; the call's arguments are
-        `metal_kernel`'s.
+            cached in memory and on disk) and launches it; the call's arguments are
+            `metal_kernel`'s.
 
     Example:
         ```python
