@@ -205,15 +205,21 @@ def test_epilogue_reductions_right_input_thread_scope(device):
     torch.testing.assert_close(c3.double(), (a.double() @ b.double())[:3, :5], rtol=1e-5, atol=1e-5)
 
 
-# The talk's quantized matmul: MXFP8 tensors (e4m3 with a ue8m0 scales plane of 32 x 1 blocks).
-MXFP8 = """
+# The talk's quantized matmul: MXFP8 tensors (e4m3 with a ue8m0 scales plane of 32 x 1 blocks);
+# without SCALED, plain fp8 tensors (e4m3 x e5m2, a per-tensor scale applied after).
+FP8 = """
+  const uint2 tgid = threadgroup_position_in_grid.xy;
+#if SCALED
   using scales_plane = tensor_blockwise<tensor_plane_scales, device metal_fp8_ue8m0_format, 32, 1>;
   using mxfp8_tensor_inline = tensor<device metal_fp8_e4m3_format, dextents<int, 2>, tensor_inline, scales_plane>;
-  const uint2 tgid = threadgroup_position_in_grid.xy;
   auto matrixA = mxfp8_tensor_inline((device metal_fp8_e4m3_format*)a, dextents<int, 2>(K, M), array<int, 2>({1, K}),
                                      scales_plane(sa));
   auto matrixB = mxfp8_tensor_inline((device metal_fp8_e4m3_format*)bt, dextents<int, 2>(K, N), array<int, 2>({1, K}),
                                      scales_plane(sb));
+#else
+  auto matrixA = tensor((device metal_fp8_e4m3_format*)a, dextents<int, 2>(K, M));
+  auto matrixB = tensor((device metal_fp8_e5m2_format*)bt, dextents<int, 2>(K, N));
+#endif
   auto matrixC = tensor(c, dextents<int, 2>(N, M));
   auto tA = matrixA.slice(0, tgid.y * TILEM);
   auto tB = matrixB.slice(0, tgid.x * TILEN);
@@ -224,23 +230,23 @@ MXFP8 = """
 """
 
 
-def _e4m3(x):
-    return x.to(torch.float8_e4m3fn).view(torch.uint8)
-
-
-def test_mxfp8_matmul(device):
+@pytest.mark.parametrize("scaled", [True, False])
+def test_fp8_matmul(device, scaled):
     M, N, K, TM, TN = 40, 24, 96, 32, 16
-    k = kk.metal_kernel("tops_mxfp8", ["a", "sa", "bt", "sb"], ["c"], MXFP8, header=HEADER)
+    consts = f"#define SCALED {int(scaled)}\nconstexpr int TILEM = {TM}, TILEN = {TN}, M = {M}, N = {N}, K = {K};\n"
+    k = kk.metal_kernel("tops_fp8", ["a", "sa", "bt", "sb"], ["c"], FP8, header=HEADER + consts)
     a, bt = torch.randn(M, K, device=device) * 4, torch.randn(N, K, device=device) * 4
     sa = torch.randint(120, 134, (M, K // 32), dtype=torch.uint8, device=device)
     sb = torch.randint(120, 134, (N, K // 32), dtype=torch.uint8, device=device)
-    qa, qb = _e4m3(a), _e4m3(bt)
+    fb = torch.float8_e4m3fn if scaled else torch.float8_e5m2
+    qa, qb = a.to(torch.float8_e4m3fn).view(torch.uint8), bt.to(fb).view(torch.uint8)
     c = k(inputs=[qa, sa, qb, sb], output_shapes=[(M, N)], output_dtypes=[torch.float32],
-          grid=(128 * -(-N // TN), -(-M // TM), 1), threadgroup=(128, 1, 1),
-          template=[("TILEM", TM), ("TILEN", TN), ("M", M), ("N", N), ("K", K)])[0]
-    def deq(q, s):
-        return q.view(torch.float8_e4m3fn).double() * torch.exp2(s.double() - 127).repeat_interleave(32, dim=1)
-    ref = deq(qa, sa) @ deq(qb, sb).T
+          grid=(128 * -(-N // TN), -(-M // TM), 1), threadgroup=(128, 1, 1))[0]
+
+    def deq(q, f, s):
+        x = q.view(f).double()
+        return x * torch.exp2(s.double() - 127).repeat_interleave(32, dim=1) if scaled else x
+    ref = deq(qa, torch.float8_e4m3fn, sa) @ deq(qb, fb, sb).T
     torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-3)
 
 

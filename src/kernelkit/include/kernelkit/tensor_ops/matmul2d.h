@@ -26,7 +26,8 @@ KK_FN constexpr path path_of() {
 #if defined(KK_TARGET_CUDA) && defined(KK_TOPS_MMA_SYNC)
   if constexpr (!Layout::whole && !is_cooperative_v<Left> && !is_cooperative_v<Right>)
     return mma_sync_supported<typename operand_traits<Left>::value_type, typename operand_traits<Right>::value_type,
-                              typename operand_traits<Dest>::value_type>() ? path::mma_sync : path::loops;
+                              typename operand_traits<Dest>::value_type,
+                              operand_traits<Left>::scaled || operand_traits<Right>::scaled>() ? path::mma_sync : path::loops;
 #endif
   return path::loops;
 }

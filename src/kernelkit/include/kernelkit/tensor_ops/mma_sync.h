@@ -6,9 +6,11 @@
 // 8-column block) from memory, element by element with bounds (zero outside), and issues:
 //   half x half, bfloat x bfloat        m16n8k16 (f16 / bf16 in, f32 accumulate)
 //   int8 x int8 into integers           m16n8k32 (s8 / u8 in, s32 accumulate)
-//   other float / half / bfloat mixes   m16n8k8 tf32; a float operand is split into two tf32
-//                                       (3xTF32: fp32 accuracy) unless relaxed_precision
-// fp8 and scaled (MXFP8) operands take the loops (loops.h).
+//   fp8 x fp8 (e4m3 / e5m2, unscaled)   m16n8k32 (sm_89+ fp8 in, f32 accumulate)
+//   other mixes of these, scaled (MXFP8) operands, int8 into float:
+//                                       m16n8k8 tf32, exact for every type but float; a float
+//                                       operand is split into two tf32 (3xTF32: fp32 accuracy)
+//                                       unless relaxed_precision
 #pragma once
 
 #define KK_TOPS_MMA_SYNC 1
@@ -16,20 +18,26 @@
 namespace kk {
 namespace tops {
 
-enum class mma_shape { none, f16, bf16, s8, tf32 };
+enum class mma_shape { none, f16, bf16, s8, fp8, tf32 };
 
-template <class LV, class RV, class DV>
+constexpr KK_FN bool is_fp8(kind k) { return k == kind::e4m3 || k == kind::e5m2; }
+// Exactly a tf32 once read (times a power of two for a scaled operand), float aside.
+constexpr KK_FN bool tf32_input(kind k) {
+  return k == kind::f32 || k == kind::f16 || k == kind::bf16 || k == kind::s8 || k == kind::u8 || is_fp8(k);
+}
+
+template <class LV, class RV, class DV, bool Scaled>
 constexpr KK_FN mma_shape mma_shape_of() {
   constexpr kind l = kind_of<LV>, r = kind_of<RV>;
   if constexpr (l == kind::f16 && r == kind::f16) return mma_shape::f16;
   else if constexpr (l == kind::bf16 && r == kind::bf16) return mma_shape::bf16;
   else if constexpr (is_int8_v<LV> && is_int8_v<RV> && is_integer_v<DV>) return mma_shape::s8;
-  else if constexpr ((l == kind::f32 || l == kind::f16 || l == kind::bf16) && (r == kind::f32 || r == kind::f16 || r == kind::bf16))
-    return mma_shape::tf32;
+  else if constexpr (is_fp8(l) && is_fp8(r) && !Scaled) return mma_shape::fp8;
+  else if constexpr (tf32_input(l) && tf32_input(r) && !is_integer_v<DV>) return mma_shape::tf32;
   else return mma_shape::none;
 }
-template <class LV, class RV, class DV>
-constexpr KK_FN bool mma_sync_supported() { return mma_shape_of<LV, RV, DV>() != mma_shape::none; }
+template <class LV, class RV, class DV, bool Scaled>
+constexpr KK_FN bool mma_sync_supported() { return mma_shape_of<LV, RV, DV, Scaled>() != mma_shape::none; }
 
 KK_FN unsigned pack16(unsigned short lo, unsigned short hi) { return unsigned(lo) | (unsigned(hi) << 16); }
 KK_FN unsigned pack8(int a, int b, int c, int d) {
@@ -53,6 +61,18 @@ KK_FN void mma(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+template <kind A, kind B>
+KK_FN void mma_fp8(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#define KK_TOPS_MMA_FP8(TA, TB)                                                                                 \
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." TA "." TB ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+  if constexpr (A == kind::e4m3 && B == kind::e4m3) KK_TOPS_MMA_FP8("e4m3", "e4m3");
+  else if constexpr (A == kind::e4m3) KK_TOPS_MMA_FP8("e4m3", "e5m2");
+  else if constexpr (B == kind::e4m3) KK_TOPS_MMA_FP8("e5m2", "e4m3");
+  else KK_TOPS_MMA_FP8("e5m2", "e5m2");
+#undef KK_TOPS_MMA_FP8
+}
+
 template <bool LeftUnsigned, bool RightUnsigned>
 KK_FN void mma_s8(int (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 #define KK_TOPS_MMA_S8(TA, TB)                                                                                  \
@@ -69,13 +89,15 @@ template <class Acc, mpp::tensor_ops::matmul2d_descriptor D, class Layout, class
 struct mma_sync_matmul {
   static constexpr KK_FN const char* name() {
     return S == mma_shape::f16 ? "mma.sync m16n8k16 f16" : S == mma_shape::bf16 ? "mma.sync m16n8k16 bf16"
-         : S == mma_shape::s8 ? "mma.sync m16n8k32 s8" : split_left || split_right ? "mma.sync m16n8k8 3xTF32"
+         : S == mma_shape::s8 ? "mma.sync m16n8k32 s8" : S == mma_shape::fp8 ? "mma.sync m16n8k32 fp8" : split_left || split_right ? "mma.sync m16n8k8 3xTF32"
          : "mma.sync m16n8k8 tf32";
   }
   using LV = typename operand_traits<Left>::value_type;
   using RV = typename operand_traits<Right>::value_type;
-  static constexpr mma_shape S = mma_shape_of<LV, RV, conditional_t<is_integer_v<Acc>, int, float>>();
-  static constexpr int KSTEP = S == mma_shape::s8 ? 32 : S == mma_shape::tf32 ? 8 : 16;
+  static constexpr mma_shape S = mma_shape_of<LV, RV, conditional_t<is_integer_v<Acc>, int, float>,
+                                               operand_traits<Left>::scaled || operand_traits<Right>::scaled>();
+  static constexpr bool bytes = S == mma_shape::s8 || S == mma_shape::fp8;  // 8-bit operands: 4 per register
+  static constexpr int KSTEP = bytes ? 32 : S == mma_shape::tf32 ? 8 : 16;
   static constexpr bool tl = D.transpose_left, tr = D.transpose_right;
   // 3xTF32 for an exact float operand: the big part and the rest.
   static constexpr bool split_left = S == mma_shape::tf32 && kind_of<LV> == kind::f32 && !D.relaxed_precision;
@@ -95,6 +117,8 @@ struct mma_sync_matmul {
           Acc(&c)[4] = *reinterpret_cast<Acc(*)[4]>(&acc[(obl * Layout::IB + ib) * 4]);
           if constexpr (S == mma_shape::s8) {
             mma_s8<kind_of<LV> == kind::u8, kind_of<RV> == kind::u8>(c, a, b);
+          } else if constexpr (S == mma_shape::fp8) {
+            mma_fp8<kind_of<LV>, kind_of<RV>>(c, a, b);
           } else {
             mma<S>(c, a, b);
             if constexpr (split_left) mma<S>(c, a_lo, b);
@@ -107,11 +131,11 @@ struct mma_sync_matmul {
 
   // A (m x k) fragment of rows m, m + 8 and columns k0.. (see the PTX ISA's fragment layouts).
   static KK_FN void fragment_a(const Left& l, int m, int k0, int t, unsigned (&a)[4], unsigned (&lo)[4]) {
-    if constexpr (S == mma_shape::s8) {
+    if constexpr (bytes) {
       for (int r = 0; r < 4; ++r) {
         const int row = m + 8 * (r & 1), k = k0 + 16 * (r >> 1) + 4 * t;
-        a[r] = pack8(left_value<int, tl>(l, row, k), left_value<int, tl>(l, row, k + 1),
-                     left_value<int, tl>(l, row, k + 2), left_value<int, tl>(l, row, k + 3));
+        a[r] = pack8(byte(l, tl ? row : k, tl ? k : row), byte(l, tl ? row : k + 1, tl ? k + 1 : row),
+                     byte(l, tl ? row : k + 2, tl ? k + 2 : row), byte(l, tl ? row : k + 3, tl ? k + 3 : row));
       }
     } else if constexpr (S == mma_shape::tf32) {
       for (int r = 0; r < 4; ++r) {
@@ -129,11 +153,11 @@ struct mma_sync_matmul {
   }
   // B (k x n) fragment of column n and rows k0..
   static KK_FN void fragment_b(const Right& rt, int n, int k0, int t, unsigned (&b)[2], unsigned (&lo)[2]) {
-    if constexpr (S == mma_shape::s8) {
+    if constexpr (bytes) {
       for (int r = 0; r < 2; ++r) {
         const int k = k0 + 16 * r + 4 * t;
-        b[r] = pack8(right_value<int, tr>(rt, k, n), right_value<int, tr>(rt, k + 1, n),
-                     right_value<int, tr>(rt, k + 2, n), right_value<int, tr>(rt, k + 3, n));
+        b[r] = pack8(byte(rt, tr ? k : n, tr ? n : k), byte(rt, tr ? k + 1 : n, tr ? n : k + 1),
+                     byte(rt, tr ? k + 2 : n, tr ? n : k + 2), byte(rt, tr ? k + 3 : n, tr ? n : k + 3));
       }
     } else if constexpr (S == mma_shape::tf32) {
       for (int r = 0; r < 2; ++r) {
@@ -148,6 +172,11 @@ struct mma_sync_matmul {
         b[r] = pack16(bits(right_value<float, tr>(rt, k, n)), bits(right_value<float, tr>(rt, k + 1, n)));
       }
     }
+  }
+  // The 8-bit pattern of tensor element (x, y), 0 outside (zero in every 8-bit format).
+  template <class Tn> static KK_FN int byte(const Tn& t, int x, int y) {
+    if (x < 0 || y < 0 || x >= int(t.get_extent(0)) || y >= int(t.get_extent(1))) return 0;
+    return *reinterpret_cast<const unsigned char*>(&t(x, y));
   }
   static KK_FN unsigned short bits(float x) {
     return S == mma_shape::bf16 ? kk::float_to_bfloat(x) : kk::float_to_half(x);
