@@ -237,18 +237,18 @@ def test_a_process_whose_kernel_calls_exit_fails():
 
 BIG_LOCALS = """
     uint i = thread_position_in_grid.x;
-    int buf[262144];                                  // 1 MiB per thread (GPU: local memory)
-    for (uint k = 0; k < 262144u; ++k) buf[k] = inp[(i + k) % n];
+    int buf[262144];                      // 1 MiB per thread (a GPU keeps it in local memory)
+    for (uint k = i % 1024u; k < 262144u; k += 1024u) buf[k] = inp[(i + k) % n];   // every page
     {sync}
     int s = 0;
-    for (uint k = i; k < 262144u; k += 4099u) s += buf[(uint(inp[k % n]) * 4099u + k) % 262144u];
+    for (uint k = i % 1024u; k < 262144u; k += 4096u) s += buf[(uint(inp[k % n]) * 1024u + k) % 262144u];
     out[i] = s;
 """
 
 
 def big_locals_reference(x, threads):
     n, xs = len(x), x.tolist()
-    return [sum(xs[(i + (xs[k % n] * 4099 + k) % 262144) % n] for k in range(i, 262144, 4099))
+    return [sum(xs[(i + (xs[k % n] * 1024 + k) % 262144) % n] for k in range(i % 1024, 262144, 4096))
             for i in range(threads)]
 
 
@@ -264,7 +264,7 @@ def test_one_mib_of_locals_per_thread(sync):
     in local memory (CUDA allows 512 KiB), in both modes, on every worker."""
     k = big_locals_kernel(sync)
     x = torch.randint(0, 1000, (97,), dtype=torch.int32)
-    threads = 64
+    threads = 512 if sync else 4096  # enough for the launch to use the pool's workers too
     out = k(inputs=[x, 97], grid=(threads, 1, 1), threadgroup=(32, 1, 1),
             output_shapes=[(threads,)], output_dtypes=[torch.int32], stream=CPU)[0]
     assert out.tolist() == big_locals_reference(x, threads)
