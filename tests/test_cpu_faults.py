@@ -308,3 +308,31 @@ def test_stack_size_from_the_environment():
     """, KERNELKIT_CPU_STACK_SIZE="lots")
     assert proc.returncode == 1 and "KERNELKIT_CPU_STACK_SIZE='lots' is not a stack size" in \
         proc.stderr, proc.stderr
+
+
+THROWING_HEADER = """
+#if defined(KK_TARGET_CPU)
+inline int checked(int v) { if (v < 0) throw v; return v; }
+#else
+KK_FN int checked(int v) { return v; }  // (the test compiles every kernel for sm_90 too)
+#endif
+"""
+
+
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_exception_escaping_a_kernel_is_a_launch_error(sync):
+    """A C++ exception leaving the body would otherwise reach std::terminate."""
+    k = kk.metal_kernel(name="throws", input_names=["inp"], output_names=["out"],
+                        header=THROWING_HEADER, source=f"""
+        uint i = thread_position_in_grid.x;
+        {sync}
+        out[i] = checked(inp[i]);
+    """)
+    n = 16
+    x = torch.arange(n, dtype=torch.int32)
+    x[6] = -1
+    with pytest.raises(kk.KernelLaunchError, match="kernel 'throws': a C\\+\\+ exception escaped "
+                                                   "the kernel"):
+        run(k, [x], n)
+    x[6] = 6
+    works_after(k, [x], n, x.tolist())
