@@ -23,6 +23,14 @@ def device(request):
     return torch.device(request.param)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_kernels():
+    """Each test builds its kernels anew: kernelkit keeps one kernel per constructor arguments
+    process-wide (with its plans), and tests count plans and variants."""
+    from kernelkit import kernel
+    kernel._PREPARED.clear()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _compile_every_kernel_for_sm90():
     """Wrap variant building: each kernel built for the CPU is compiled for sm_90 too."""

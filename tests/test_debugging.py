@@ -234,6 +234,39 @@ def test_checked_forms_agree_with_plain_cuda_dialect(device):
         assert checked[1].tolist() == [30, 30, 30, 30] == plain[1].tolist()
 
 
+CAST_BODIES = {
+    "metal": """
+auto row = inp + i;
+auto either = i % 2 ? inp + i : row;
+const device uint* kept = inp + i;
+out[i] = ((const device uint8_t*)row)[0] + reinterpret_cast<const device uint8_t*>(either)[1]
+       + static_cast<const device uchar4*>((const device void*)kept)->z + *row + either[0];
+""",
+    "cuda": """
+auto row = inp + i;
+auto either = i % 2 ? inp + i : row;
+out[i] = reinterpret_cast<const uint8_t*>(row)[0] + ((const uint8_t*)either)[1]
+       + reinterpret_cast<const uchar4*>(static_cast<const void*>(row))->z + *row + either[0];
+""",
+}
+
+
+@pytest.mark.parametrize("dialect", ["metal", "cuda"])
+def test_checked_build_compiles_pointer_casts(device, dialect):
+    """A checked pointer cast to another pointer type (C-style, static_cast, reinterpret_cast),
+    also one `auto` made from a buffer: the checked variant compiles whenever the plain one does,
+    and agrees with it (accesses through the cast pointer are unchecked)."""
+    k = make(dialect, "casts", CAST_BODIES[dialect])
+    x = torch.randint(0, 2**31 - 1, (64,), dtype=torch.int32, device=device).view(torch.uint32)
+    args = dict(inputs=[x], grid=(64, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(64,)],
+                output_dtypes=[torch.uint32])
+    plain = k(**args)[0]
+    checked = k(**args, check_bounds=True)[0]
+    b = x.view(torch.uint8).view(64, 4).long()
+    expected = (b[:, 0] + b[:, 1] + b[:, 2] + 2 * x.long()) % 2**32
+    assert torch.equal(plain.long(), expected) and torch.equal(checked.long(), expected)
+
+
 # --- the seed's grid_sample --------------------------------------------------------------------
 
 def _seed_forward():

@@ -1,5 +1,6 @@
 """Bad input gets a clear error naming what was wrong and what was expected (issue 2)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -50,12 +51,15 @@ def test_arrays_on_different_devices(k):
         call(k, inputs=[torch.zeros(4), torch.zeros(4, device="cuda")])
 
 
-@pytest.mark.parametrize("bad", [(4, 1), (4, 1, 0), (4, -1, 1), (4.0, 1, 1), "4", (True, 1, 1), (2**32, 1, 1)])
-def test_grid_and_threadgroup_must_be_three_positive_ints(k, bad):
-    with pytest.raises(ValueError, match=r"`grid` must be three positive ints"):
+@pytest.mark.parametrize("bad", [(4, 1), (4, -1, 1), (4.0, 1, 1), "4", (True, 1, 1), (2**32, 1, 1),
+                                 (np.float64(4), 1, 1), (torch.tensor(4.0), 1, 1)])
+def test_grid_and_threadgroup_must_be_three_ints(k, bad):
+    with pytest.raises(ValueError, match=r"`grid` must be three non-negative ints"):
         call(k, grid=bad)
     with pytest.raises(ValueError, match=r"`threadgroup` must be three positive ints"):
         call(k, threadgroup=bad)
+    with pytest.raises(ValueError, match=r"`threadgroup` must be three positive ints"):
+        call(k, threadgroup=(4, 1, 0))
 
 
 def test_threadgroup_over_the_limit(k, device):

@@ -14,6 +14,8 @@ import os as _os  # noqa: E402
 from typing import TYPE_CHECKING as _TYPE_CHECKING  # noqa: E402
 
 from .autodiff import custom_function  # noqa: E402
+from .dialects import cuda as _cuda, metal as _metal  # noqa: E402
+from .kernel import prepared as _prepared  # noqa: E402
 from .errors import CompileError, GPUFault, KernelLaunchError  # noqa: E402
 from .preconditions import Preconditions  # noqa: E402
 
@@ -115,10 +117,8 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
             bad call arguments at the call.
         CompileError: at the first call, quoting the body's line.
     """
-    from .dialects import metal
-    from .kernel import Kernel
-    return Kernel(metal, name, input_names, output_names, source, header, ensure_row_contiguous,
-                  atomic_outputs, compile_options)
+    return _prepared(_metal, name, input_names, output_names, source, header, ensure_row_contiguous,
+                     atomic_outputs, compile_options)
 
 
 def cuda_kernel(name: str, input_names: Sequence[str], output_names: Sequence[str], source: str,
@@ -179,11 +179,16 @@ def cuda_kernel(name: str, input_names: Sequence[str], output_names: Sequence[st
             bad call arguments at the call.
         CompileError: at the first call, quoting the body's line.
     """
-    from .dialects import cuda
-    from .kernel import Kernel
-    return Kernel(cuda, name, input_names, output_names, source, header, ensure_row_contiguous,
-                  False, compile_options, shared_memory)
+    return _prepared(_cuda, name, input_names, output_names, source, header, ensure_row_contiguous,
+                     False, compile_options, shared_memory)
 
 
-__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "CompileError", "KernelLaunchError",
-           "GPUFault", "__version__"]
+def __getattr__(name):
+    if name == "ops":  # `kk.ops` without `import kernelkit.ops`; imported on first use
+        import importlib
+        return importlib.import_module(".ops", __name__)
+    raise AttributeError(f"module 'kernelkit' has no attribute {name!r}")
+
+
+__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "ops", "CompileError",
+           "KernelLaunchError", "GPUFault", "__version__"]

@@ -7,6 +7,7 @@ tensors on the way in and handed back as NumPy on the way out.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,9 @@ def dtype_of(spec) -> DType:
     """A DType from a torch dtype, a NumPy dtype (or type), a DType, or a name."""
     if isinstance(spec, DType):
         return spec
+    if spec is None:  # NumPy would read it as float64
+        raise TypeError(f"None is not a dtype; expected one of: {SUPPORTED} "
+                        "(as a torch dtype, a NumPy dtype or a name)")
     found = _BY_TORCH.get(spec) if isinstance(spec, torch.dtype) else None
     if found is not None:
         return found
@@ -71,6 +75,18 @@ def dtype_of(spec) -> DType:
         raise TypeError(f"unsupported dtype {spec!r}; expected one of: {SUPPORTED} "
                         "(as a torch dtype, a NumPy dtype or a name)")
     return found
+
+
+def integral(value) -> int:
+    """`value` as an int wherever MLX takes one: anything `operator.index` takes (NumPy integers,
+    0-d integer tensors, torch.Size entries), but no bool; TypeError otherwise (floats too)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor)
+                                               and value.dtype == torch.bool):
+        raise TypeError(f"expected an int, got the bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"expected an int, got {value!r} ({type(value).__name__})") from None
 
 
 # Python scalars are typed as MLX types them.

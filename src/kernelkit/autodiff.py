@@ -57,8 +57,12 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 _LEAF = None  # the structure of a leaf (see _flatten)
+_functorch = torch._C._functorch
+_unwrap_if_dead = _functorch.unwrap_if_dead  # tensors of a torch.func transform now gone
+_level_of = _functorch.maybe_get_level
 
 
 def _flatten(tree, leaves: list):
@@ -66,8 +70,12 @@ def _flatten(tree, leaves: list):
 
     Our own, rather than torch's private pytree: there, None is an empty node,
     and MLX's rules use None as a leaf (no gradient, no tangent, no axis).
+    A plain tuple or list of leaves (the usual arguments and results) is (type, n).
     """
     if isinstance(tree, (tuple, list)):
+        if type(tree) in (tuple, list) and not any(isinstance(x, _NODES) for x in tree):
+            leaves.extend(tree)
+            return type(tree), len(tree)
         return type(tree), [_flatten(x, leaves) for x in tree]
     if isinstance(tree, dict):
         return dict, [(k, _flatten(v, leaves)) for k, v in tree.items()]
@@ -75,7 +83,12 @@ def _flatten(tree, leaves: list):
     return _LEAF
 
 
+_NODES = (tuple, list, dict)
+
+
 def _unflatten(spec, leaves):
+    if spec is not _LEAF and type(spec[1]) is int and len(leaves) == spec[1]:
+        return spec[0](leaves)  # a flat tuple or list: the common case, in one step
     return _build(spec, iter(leaves))
 
 
@@ -83,6 +96,8 @@ def _build(spec, it):
     if spec is _LEAF:
         return next(it)
     kind, children = spec
+    if type(children) is int:
+        return kind(next(it) for _ in range(children))
     if kind is dict:
         return {k: _build(c, it) for k, c in children}
     items = [_build(c, it) for c in children]
@@ -127,14 +142,22 @@ class _Call:
     whichever of forward or the vmap rule produced the outputs.
     """
 
-    __slots__ = ("fun", "in_spec", "n_primal", "out_spec")
+    __slots__ = ("fun", "args_spec", "kwargs_spec", "n_primal", "tensor_at", "out_spec")
 
-    def __init__(self, fun, in_spec, n_primal):
-        self.fun, self.in_spec, self.n_primal, self.out_spec = fun, in_spec, n_primal, None
+    def __init__(self, fun, args_spec, kwargs_spec, n_primal, tensor_at):
+        self.fun, self.args_spec, self.kwargs_spec = fun, args_spec, kwargs_spec
+        self.n_primal, self.tensor_at, self.out_spec = n_primal, tensor_at, None
+
+    def unflatten(self, leaves):
+        """(args, kwargs) of the call, from its leaves."""
+        if len(leaves) == self.n_primal:  # no keyword argument
+            return _unflatten(self.args_spec, leaves), {}
+        return (_unflatten(self.args_spec, leaves[:self.n_primal]),
+                _unflatten(self.kwargs_spec, leaves[self.n_primal:]))
 
     def arguments(self, leaves):
         """(rule_args, kwargs): positional args as MLX hands them to rules, and the kwargs."""
-        args, kwargs = _unflatten(self.in_spec, leaves)
+        args, kwargs = self.unflatten(leaves)
         return (args[0] if len(args) == 1 else args), kwargs
 
     def outputs(self, out, what: str) -> list:
@@ -165,21 +188,19 @@ def _below_functorch(fun, what: str, rule, tensors: list) -> list:
     unwrap them, run the rule one level down and wrap its results. Wrappers of a level
     that is gone (torch.func.vjp's vjp_fn called later) are simply unwrapped.
     """
-    from torch._C._functorch import (_unwrap_for_grad, _wrap_for_grad, is_functorch_wrapped_tensor,
-                                     maybe_get_level, unwrap_if_dead)
-    tensors = [t if t is None else unwrap_if_dead(t) for t in tensors]
+    tensors = [t if t is None else _unwrap_if_dead(t) for t in tensors]
     interpreter = _grad_interpreter()
     level = None if interpreter is None else interpreter.level()
     try:
-        if level is None or not any(t is not None and maybe_get_level(t) == level for t in tensors):
+        if level is None or not any(t is not None and _level_of(t) == level for t in tensors):
             return rule(tensors)  # plain autograd, or nothing of this level here
-        tensors = [t if t is None else _unwrap_for_grad(t, level) for t in tensors]
+        tensors = [t if t is None else _functorch._unwrap_for_grad(t, level) for t in tensors]
         with interpreter.lower():
             results = rule(tensors)
-        return [r if r is None else _wrap_for_grad(r, level) for r in results]
+        return [r if r is None else _functorch._wrap_for_grad(r, level) for r in results]
     except RuntimeError as e:
         # What is still wrapped is batched by an outer vmap (jacrev, jacfwd, vmap of grad).
-        if "have storage" in str(e) and any(t is not None and is_functorch_wrapped_tensor(t)
+        if "have storage" in str(e) and any(t is not None and _functorch.is_functorch_wrapped_tensor(t)
                                             for t in tensors):
             raise RuntimeError(
                 f"[custom_function] {fun.__name__}'s {what} rule runs under torch.func.vmap "
@@ -199,26 +220,30 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def forward(call, *leaves):
-        args, kwargs = _unflatten(call.in_spec, leaves)
+        args, kwargs = call.unflatten(leaves)
         outs = call.outputs(call.fun._fun(*args, **kwargs), "forward")
         # An input returned as-is cannot be saved for backward (setup_context style): a view can.
-        ins = {id(x) for x in leaves if isinstance(x, torch.Tensor)}
-        return tuple(o.view_as(o) if id(o) in ins else o for o in outs)
+        ins = [leaves[i] for i in call.tensor_at]
+        return tuple(o.view_as(o) if any(o is x for x in ins) else o for o in outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        call, *leaves = inputs
-        ctx.call = call
+        call = ctx.call = inputs[0]
+        ctx.tensor_at = call.tensor_at
         # non-tensor leaves are kept as they are, tensors are saved below
-        ctx.leaves = [None if isinstance(x, torch.Tensor) else x for x in leaves]
-        ctx.tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        tensors = [leaves[i] for i in ctx.tensor_at]
+        ctx.leaves = list(inputs[1:])
+        tensors = []
+        for i in call.tensor_at:
+            tensors.append(ctx.leaves[i])
+            ctx.leaves[i] = None
         ctx.out_diff = [_differentiable(o) for o in output]
-        ctx.mark_non_differentiable(*[o for o, d in zip(output, ctx.out_diff) if not d])
+        if not all(ctx.out_diff):
+            ctx.mark_non_differentiable(*[o for o, d in zip(output, ctx.out_diff) if not d])
         ctx.set_materialize_grads(False)  # backward makes its zeros without filling memory
         # MLX's vjp gets primals and outputs, its jvp the primals: save exactly those.
         ctx.save_for_backward(*tensors, *output)
-        ctx.save_for_forward(*tensors)
+        if _forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
+            ctx.save_for_forward(*tensors)  # only forward-mode AD runs jvp
 
     @staticmethod
     def backward(ctx, *grads):
@@ -238,10 +263,12 @@ class _Function(torch.autograd.Function):
         saved = ctx.saved_tensors
         outputs = saved[n_in:]
         grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
-        grads = iter(_below_functorch(call.fun, "vjp", rule, [*saved, *grads]))
+        grads = _below_functorch(call.fun, "vjp", rule, [*saved, *grads])
         # one gradient per argument of apply: None for `call` and the non-tensor leaves
-        at = set(ctx.tensor_at)
-        return (None, *(next(grads) if i in at else None for i in range(len(ctx.leaves))))
+        out = [None] * (1 + len(ctx.leaves))
+        for i, g in zip(ctx.tensor_at, grads):
+            out[1 + i] = g
+        return tuple(out)
 
     @staticmethod
     def jvp(ctx, _call_tangent, *tangents):
@@ -293,15 +320,6 @@ class _Function(torch.autograd.Function):
         return tuple(outs), tuple(flat_axes)
 
 
-def _untransformed(tensors: list) -> bool:
-    """Whether no transform can see this call: nothing for autograd to record, no torch.func
-    transform, no forward-AD level (NumPy/scalar-only calls included)."""
-    from torch.autograd import forward_ad
-    return (not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            and not torch._C._are_functorch_transforms_active()
-            and forward_ad._current_level < 0)
-
-
 def _leaves(tree) -> list:
     flat = []
     _flatten(tree, flat)
@@ -323,6 +341,9 @@ def _gradients(call: _Call, leaves: list, result) -> list:
     (non-tensor arguments left out, as MLX's flattening of arrays does). Keyword arguments
     are constants: None.
     """
+    if type(result) is torch.Tensor and len(leaves) == 1 and type(leaves[0]) is torch.Tensor \
+            and result.shape == leaves[0].shape:
+        return [result]  # one tensor argument, one gradient: the usual case
     name = call.fun.__name__
     flat = _leaves(result)
     primal = leaves[:call.n_primal]
@@ -366,6 +387,7 @@ class custom_function:
         self._vjp = self._jvp = self._vmap = None
         name = getattr(fun, "__name__", "custom_function")
         self._function = type(name, (_Function,), {"__module__": _Function.__module__})
+        self._apply = super(torch.autograd.Function, self._function).apply  # the C apply
 
     # As MLX, each setter returns the custom_function itself.
     def vjp(self, rule):
@@ -387,11 +409,22 @@ class custom_function:
         leaves = []
         args_spec = _flatten(args, leaves)
         n_primal = len(leaves)
-        in_spec = (tuple, [args_spec, _flatten(kwargs, leaves)])
-        if _untransformed([x for x in leaves if isinstance(x, torch.Tensor)]):
-            return self._fun(*args, **kwargs)  # skip autograd.Function's cost (~25 us a call)
-        call = _Call(self, in_spec, n_primal)
-        flat = self._function.apply(call, *leaves)  # sets call.out_spec
+        kwargs_spec = _flatten(kwargs, leaves) if kwargs else None
+        tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        transformed = torch._C._are_functorch_transforms_active()
+        if not transformed and _forward_ad._current_level < 0 and not (
+                torch.is_grad_enabled() and any(leaves[i].requires_grad for i in tensor_at)):
+            return self._fun(*args, **kwargs)  # nothing records it: no autograd.Function (~25 us)
+        call = _Call(self, args_spec, kwargs_spec, n_primal, tensor_at)
+        if transformed:
+            flat = self._function.apply(call, *leaves)  # sets call.out_spec
+        else:
+            # What Function.apply does outside torch.func, without binding the arguments to
+            # forward's signature (inspect.signature: ~35% of a small call's host time; forward
+            # takes *leaves, so the binding changes nothing).
+            for i in tensor_at:
+                leaves[i] = _unwrap_if_dead(leaves[i])
+            flat = self._apply(call, *leaves)
         return _unflatten(call.out_spec, flat)
 
     def __repr__(self) -> str:

@@ -195,6 +195,8 @@ class _Rewriter:
                 continue
             if self.poll is not None and t.text in ("while", "for") and self._at(n + 1) == "(":
                 self._poll_loop(n)
+            elif t.text in ("reinterpret_cast", "const_cast") and self._at(n + 1) == "<":
+                self._raw_operand(n)
             elif t.text in self.buffers:
                 self._use(n, self.buffers[t.text])
             elif t.text in self.derived:
@@ -234,6 +236,19 @@ class _Rewriter:
             elif x == ";" and depth == 1:
                 empty = self._at(k + 1) == ";"
                 self._add(self.post, k, f" KK_POLL({self.poll}), true" if empty else " " + poll)
+                return
+
+    def _raw_operand(self, n: int) -> None:
+        """`reinterpret_cast<T*>(e)` -> `reinterpret_cast<T*>(::kk::dbg::raw(e))`: these casts
+        cannot convert a checked pointer (a class), whatever expression made it."""
+        for k in range(n + 2, len(self.texts)):
+            if self.texts[k] in (";", "{", "}"):
+                return
+            if self.texts[k] == "(" and self._at(k - 1) in (">", ">>"):
+                end = _argument_end(self.texts, k + 1)
+                if self._at(end + 1) == ")":
+                    self._add(self.post, k, "::kk::dbg::raw(")
+                    self._add(self.pre, end + 1, ")", first=True)
                 return
 
     # --- buffer uses ---------------------------------------------------------------------------
@@ -290,6 +305,13 @@ class _Rewriter:
         k -= 1
         while self._at(k) in _QUALIFIERS:
             k -= 1
+        if self._at(k) == "auto":  # `auto p = x + i;`: already a checked pointer; track its uses
+            k -= 1
+            while self._at(k) in _QUALIFIERS:
+                k -= 1
+            if self._at(k) in ("", ";", "{", "}", "(") and self._declarator_ends(n):
+                self.derived.add(local)
+            return
         if self._at(k) != "*":
             return
         star, k = k, k - 1
@@ -306,16 +328,20 @@ class _Rewriter:
                 if self._at(k) != "<":
                     return
             k -= 1
-        if k + 1 == star or self._at(k) not in ("", ";", "{", "}", "("):
-            return
-        end = n if self._at(n + 1) == ";" else (
-            _argument_end(self.texts, n) if self._at(n + 1) in ("+", "-") else None)
-        if end is None or self._at(end + 1) != ";":
+        if k + 1 == star or self._at(k) not in ("", ";", "{", "}", "(") or \
+                not self._declarator_ends(n):
             return
         self.instead[k + 1] = "auto"
         for j in range(k + 2, n - 2):
             self.instead[j] = ""
         self.derived.add(local)
+
+
+    def _declarator_ends(self, n: int) -> bool:
+        """Whether the initialiser `x` / `x + i` / `x - i` at n ends its declaration (`;`)."""
+        end = n if self._at(n + 1) == ";" else (
+            _argument_end(self.texts, n) if self._at(n + 1) in ("+", "-") else None)
+        return end is not None and self._at(end + 1) == ";"
 
 
 def _chk(name: str, b: int) -> str:

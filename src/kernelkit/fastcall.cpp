@@ -479,6 +479,23 @@ PyObject* template_key(PyObject* t) {
   return key;
 }
 
+// grid / threadgroup in a key: the tuple itself when it holds exact ints (the usual case), else
+// (dims, type of each item) for a tuple and (dims,) for anything else, so that (8.0, 1, 1) never
+// finds the plan of (8, 1, 1): they compare and hash equal.
+PyObject* dims_key(PyObject* d) {
+  if (!PyTuple_CheckExact(d)) return PyTuple_Pack(1, d);
+  Py_ssize_t n = PyTuple_GET_SIZE(d);
+  bool ints = true;
+  for (Py_ssize_t i = 0; i < n && ints; ++i) ints = PyLong_CheckExact(PyTuple_GET_ITEM(d, i));
+  if (ints) return Py_NewRef(d);
+  PyObject* key = PyTuple_New(1 + n);
+  if (key == nullptr) return nullptr;
+  PyTuple_SET_ITEM(key, 0, Py_NewRef(d));
+  for (Py_ssize_t i = 0; i < n; ++i)
+    PyTuple_SET_ITEM(key, 1 + i, Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(PyTuple_GET_ITEM(d, i)))));
+  return key;
+}
+
 // The key of kernel._plan_key(inputs, output_dtypes, grid, threadgroup, template); nullptr with
 // no error set where the arguments give none (the general path then checks them).
 PyObject* plan_key(PyObject* inputs, PyObject* dtypes, PyObject* grid, PyObject* group,
@@ -497,10 +514,17 @@ PyObject* plan_key(PyObject* inputs, PyObject* dtypes, PyObject* grid, PyObject*
     Py_DECREF(tkey);
     return nullptr;
   }
-  PyTuple_SET_ITEM(key, 0, Py_NewRef(grid));
-  PyTuple_SET_ITEM(key, 1, Py_NewRef(group));
   PyTuple_SET_ITEM(key, 2, tkey);
   PyTuple_SET_ITEM(key, 3, count);
+  PyObject* gkey = dims_key(grid);
+  PyObject* tgkey = gkey ? dims_key(group) : nullptr;
+  if (tgkey == nullptr) {
+    Py_XDECREF(gkey);
+    Py_DECREF(key);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(key, 0, gkey);
+  PyTuple_SET_ITEM(key, 1, tgkey);
   for (Py_ssize_t i = 0; i < n_in; ++i) {
     PyObject* fp = fingerprint(PySequence_Fast_GET_ITEM(inputs, i));
     if (fp == nullptr) {

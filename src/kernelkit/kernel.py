@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,45 @@ class Variant:
     program: object  # the backend's loaded binary
     pack: object  # pack(inputs, outputs, tail) -> argument block: Signature.packer()
     debug: object = None  # a checked variant's debugging.Plan (check_bounds / timeout)
+
+
+_PREPARED: OrderedDict[tuple, "Kernel"] = OrderedDict()  # kernels by their constructor arguments
+_PREPARED_MAX = 1024  # least recently built ones dropped past this
+
+
+def prepared(dialect, name, input_names, output_names, source, header, ensure_row_contiguous,
+             atomic_outputs, compile_options, shared_memory=0) -> "Kernel":
+    """The kernel of these constructor arguments, prepared once per process: MLX code builds its
+    kernel inside the function it calls on every step, and that must cost next to nothing. Every
+    argument is in the key (scalars with their types, so 1024 and 1024.0 stay apart); arguments
+    that give no key (unhashable, unsortable options) build a kernel each time, which raises."""
+    try:
+        key = (dialect.NAME, name, _names_key(input_names), _names_key(output_names), source, header,
+               *_typed((ensure_row_contiguous, atomic_outputs, shared_memory)),
+               _options_key(compile_options))
+        kernel = _PREPARED.get(key)
+    except TypeError:
+        key = kernel = None
+    if kernel is not None:
+        _PREPARED.move_to_end(key)
+        return kernel
+    kernel = Kernel(dialect, name, input_names, output_names, source, header, ensure_row_contiguous,
+                    atomic_outputs, compile_options, shared_memory)
+    if key is not None:
+        _PREPARED[key] = kernel
+        if len(_PREPARED) > _PREPARED_MAX:
+            _PREPARED.popitem(last=False)
+    return kernel
+
+
+def _names_key(names):
+    return tuple(names) if type(names) in (list, tuple) else names
+
+
+def _options_key(options):
+    if type(options) is not dict:
+        return options
+    return tuple(sorted((k, v, type(v)) for k, v in options.items()))
 
 
 class Kernel:
@@ -145,12 +185,16 @@ class Kernel:
         out_dtypes = _memo(self._checked, ("dtypes", *output_dtypes), lambda: tuple(
             self._dtype(d, i) for i, d in enumerate(output_dtypes)))
         shapes = [self._shape(s, i) for i, s in enumerate(output_shapes)]
-        grid, group = _memo(self._checked, ("dispatch", device, grid, threadgroup),
+        grid, group = _memo(self._checked, ("dispatch", device, *_typed(grid), *_typed(threadgroup)),
                             lambda: self._dispatch(backend, device, grid, threadgroup))
         targs = self._template(template)
         fills = self._initial_values(init_value)
         if numpy_in and any(d.name == "bfloat16" for d in out_dtypes):
             raise TypeError(f"[{c}] NumPy has no bfloat16: pass torch tensors for bfloat16 outputs.")
+        if group is None or (shapes and all(0 in s for s in shapes)):
+            # Nothing to run (an empty grid, or every output empty): outputs made, no kernel.
+            outputs = [_new_output(s, d, device, f) for s, d, f in zip(shapes, out_dtypes, fills)]
+            return [arrays.to_numpy(o) for o in outputs] if numpy_in else outputs
 
         key = (device, tuple(specs), out_dtypes, targs)
         checks = debugging.request(check_bounds, timeout, c)  # None: a plain call
@@ -163,12 +207,7 @@ class Kernel:
         if verbose:
             self._print(variant)
 
-        outputs = [torch.empty(s, dtype=d.torch, device=device) for s, d in zip(shapes, out_dtypes)]
-        for o, fill in zip(outputs, fills):
-            if fill is not None:
-                o.fill_(fill)
-            elif _POISON:
-                _poison(o)
+        outputs = [_new_output(s, d, device, f) for s, d, f in zip(shapes, out_dtypes, fills)]
         launch = backend.launcher(variant.program, device, grid, group, self.shared_memory, stream,
                                   self.name)
         tail = (*grid, self.shared_memory)
@@ -204,17 +243,25 @@ class Kernel:
             return tuple(template_args(template, self._param_names(), self.caller))
         if template is None:
             return ()
-        if isinstance(template, (list, tuple)):  # remembered by its (name, value) pairs
-            return _memo(self._checked, ("template", *map(tuple, template)), check)
+        if isinstance(template, (list, tuple)):  # remembered by its pairs and their types
+            try:
+                key = ("template", *(_typed(p) for p in template))
+            except TypeError:  # not pairs: check() says so
+                return check()
+            return _memo(self._checked, key, check)
         return check()
 
     def _dispatch(self, backend, device, grid, threadgroup):
-        grid = self._dims(grid, "grid")
+        """(grid, group) of the launch; group None for an empty grid (no launch)."""
+        grid = self._dims(grid, "grid", 0)
+        group = self._dims(threadgroup, "threadgroup", 1)
+        if 0 in grid:
+            return grid, None
         # Groups are clamped to the grid (Metal's rule; a group never holds more threads than the
         # grid). Metal's edge groups are then partial; CUDA's dialect runs whole groups instead.
-        group = tuple(min(t, g) for t, g in zip(self._dims(threadgroup, "threadgroup"), grid))
+        group = tuple(min(t, g) for t, g in zip(group, grid))
         if self.dialect.WHOLE_GROUPS:
-            grid = self._dims(tuple(-(-n // g) * g for n, g in zip(grid, group)), "grid")
+            grid = self._dims(tuple(-(-n // g) * g for n, g in zip(grid, group)), "grid", 1)
         backend.check_dispatch(device, grid, group, self.shared_memory, self.caller)
         return grid, group
 
@@ -280,21 +327,25 @@ class Kernel:
         if type(shape) in (tuple, torch.Size) and all(type(s) is int and s >= 0 for s in shape):
             return shape
         try:
-            shape = tuple(int(s) if not isinstance(s, bool) and int(s) == s else None for s in shape)
-        except (TypeError, ValueError):
-            shape = (None,)
-        if None in shape or any(s < 0 for s in shape):
+            shape = tuple(map(arrays.integral, shape))
+        except TypeError:
+            shape = (-1,)
+        if any(s < 0 for s in shape):
             raise ValueError(f"[{self.caller}] output_shapes[{i}] for {self.output_names[i]!r} must be "
                              "a sequence of non-negative ints.")
         return shape
 
-    def _dims(self, value, what: str) -> tuple[int, int, int]:
-        ok = isinstance(value, (tuple, list)) and len(value) == 3 and all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**32 for v in value)
-        if not ok:
-            raise ValueError(f"[{self.caller}] `{what}` must be three positive ints (below 2**32), "
+    def _dims(self, value, what: str, lowest: int) -> tuple[int, int, int]:
+        """Three ints in [lowest, 2**32): anything integral, no bools or floats."""
+        try:
+            dims = tuple(map(arrays.integral, value)) if isinstance(value, (tuple, list)) else ()
+        except TypeError:
+            dims = ()
+        if len(dims) != 3 or not all(lowest <= v < 2**32 for v in dims):
+            kind = "positive" if lowest else "non-negative"
+            raise ValueError(f"[{self.caller}] `{what}` must be three {kind} ints (below 2**32), "
                              f"got {value!r}.")
-        return tuple(value)
+        return dims
 
     def _param_names(self) -> set[str]:
         names = set(self.input_names) | set(self.output_names)
@@ -350,7 +401,7 @@ def _plan_key(inputs, output_dtypes, grid, threadgroup, template) -> tuple | Non
             template = tuple((*p, *map(type, p)) for p in template)
         except TypeError:
             return None
-    key = (grid, threadgroup, template, len(inputs), *(
+    key = (_dims_key(grid), _dims_key(threadgroup), template, len(inputs), *(
         (x.dtype, x.device, x.dim(), x.is_contiguous()) if type(x) is torch.Tensor else type(x)
         for x in inputs), *output_dtypes)
     try:
@@ -358,6 +409,16 @@ def _plan_key(inputs, output_dtypes, grid, threadgroup, template) -> tuple | Non
     except TypeError:  # a list grid, say
         return None
     return key
+
+
+def _dims_key(dims):
+    """grid / threadgroup in a plan key: as given when it holds exact ints, else with the types of
+    its items, so (8.0, 1, 1) never finds the plan of (8, 1, 1) (they compare equal)."""
+    if type(dims) is not tuple:
+        return (dims,)
+    if all(type(v) is int for v in dims):
+        return dims
+    return (dims, *map(type, dims))
 
 
 def _python_call(plans, inputs, output_shapes, output_dtypes, grid, threadgroup, template):
@@ -429,6 +490,22 @@ def _memo(cache: dict, key, compute):
         return value
     except TypeError:
         return compute()
+
+
+def _typed(values) -> tuple:
+    """values with their types, as a memo key: 8 and 8.0 (equal, same hash) stay apart."""
+    values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+    return (*values, *map(type, values))
+
+
+def _new_output(shape, dtype, device, fill) -> torch.Tensor:
+    """A new output: filled with its init_value, else poisoned in the tests."""
+    o = torch.empty(shape, dtype=dtype.torch, device=device)
+    if fill is not None:
+        o.fill_(fill)
+    elif _POISON:
+        _poison(o)
+    return o
 
 
 def _filler(value):

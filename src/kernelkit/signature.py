@@ -14,7 +14,9 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .arrays import DType, dtype_of
+import numpy as np
+
+from .arrays import DType, dtype_of, integral
 
 # MLX's 20 Metal attributes, with their types.
 ATTRIBUTES = {
@@ -221,19 +223,29 @@ def template_args(template, param_names: set[str], caller: str) -> list[tuple[st
         if name in seen:
             raise ValueError(f"[{caller}] template name {name!r} is given twice.")
         seen.add(name)
-        if isinstance(value, bool):
-            out.append((name, value))
-        elif isinstance(value, int):
+        out.append((name, _template_value(name, value, caller)))
+    return out
+
+
+def _template_value(name: str, value, caller: str):
+    """A template value as generated code takes it: a bool, an int (anything integral, as
+    `operator.index` takes it), or a DType."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if not isinstance(value, (float, np.floating)):
+        try:
+            value = integral(value)
+        except TypeError:
+            pass
+        else:
             if not -2**31 <= value < 2**31:
                 raise ValueError(f"[{caller}] template value {name}={value} does not fit an int.")
-            out.append((name, value))
-        else:
-            try:
-                out.append((name, dtype_of(value)))
-            except TypeError:
-                raise TypeError(f"[{caller}] template value for {name!r} must be a dtype, an int "
-                                f"or a bool, got {value!r}.") from None
-    return out
+            return value
+    try:
+        return dtype_of(value)
+    except TypeError:
+        raise TypeError(f"[{caller}] template value for {name!r} must be a dtype, an int "
+                        f"or a bool, got {value!r}.") from None
 
 
 def render_template_value(value, type_name) -> str:

@@ -295,6 +295,10 @@ struct ptr {
   unsigned b, line;
 
   KK_FN operator T*() const { return p; }
+  // Casts to other pointer types (`(const uchar*)q`, `static_cast<...>(q)`) take the raw pointer:
+  // accesses through the result are unchecked, as after any cast.
+  template <class U>
+  KK_FN explicit operator U*() const { return (U*)(p); }
   KK_FN ptr& operator=(T* q) { p = q; b = kNoBuffer; return *this; }  // no longer known
   template <class I, class = detail::if_index<I>>
   KK_FN T& operator[](I i) const { return *check(p + i, b, line); }
