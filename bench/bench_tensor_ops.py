@@ -78,24 +78,27 @@ def use_sm90a() -> None:
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:
-    return stages * (bm + bn) * 128 + 1024  # warpgroup_gemm::smem_bytes
+    return stages * (bm + bn) * 128 + 1024 + 512  # warpgroup_gemm::smem_bytes
 
 
-def matmul_kernel(ta, tb, bm=128, bn=128, stages=3, group=16):
-    """A cuda_kernel: out[M, N] = scale * a[M, K] @ b[K, N], any strides, through warpgroup_gemm."""
-    key = (ta, tb, bm, bn, stages, group)
+def matmul_kernel(ta, tb, bm=128, bn=128, stages=3, group=16, staging="tma"):
+    """A cuda_kernel: out[M, N] = scale * a[M, K] @ b[K, N], any strides, through warpgroup_gemm.
+    staging="cp.async" turns TMA off (to compare the two)."""
+    key = (ta, tb, bm, bn, stages, group, staging)
     if key not in _kernels:
         body = BODY.replace("TA_T", TYPES[ta]).replace("TB_T", TYPES[tb])
+        header = ("#define KK_SM90_STAGING_CP_ASYNC 1\n" if staging == "cp.async" else "") + HEADER
         k = kk.cuda_kernel(name=f"wgmma_{bm}x{bn}_s{stages}", input_names=["a", "b", "scale"],
-                           output_names=["out"], source=body, header=HEADER,
+                           output_names=["out"], source=body, header=header,
                            ensure_row_contiguous=False, shared_memory=smem_bytes(bm, bn, stages))
         _kernels[key] = k
     return _kernels[key]
 
 
-def matmul(a, b, scale=None, out_dtype=torch.bfloat16, bm=128, bn=128, stages=3, group=16):
+def matmul(a, b, scale=None, out_dtype=torch.bfloat16, bm=128, bn=128, stages=3, group=16,
+           staging="tma"):
     """Run the kernel: a (M x K), b (K x N) torch tensors on the GPU, any strides."""
-    k = matmul_kernel(a.dtype, b.dtype, bm, bn, stages, group)
+    k = matmul_kernel(a.dtype, b.dtype, bm, bn, stages, group, staging)
     M, N = a.shape[0], b.shape[1]
     if scale is None:
         scale = torch.ones(1, device=a.device)
@@ -153,10 +156,10 @@ def case(size: int, dtype, layout: str, variants: list, iters: int, rounds: int)
     rows = []
     fns = {base[0]: base[1]}
     errs = {base[0]: rel_err(base[1](), ref)}
-    for bm, bn, stages, group in variants:
-        name = f"wgmma {bm}x{bn} s{stages} g{group}"
-        fn = (lambda bm=bm, bn=bn, stages=stages, group=group:
-              matmul(a, b, scale, out_dtype, bm, bn, stages, group))
+    for bm, bn, stages, group, staging in variants:
+        name = f"wgmma {bm}x{bn} s{stages} g{group}" + (" cp.async" if staging == "cp.async" else "")
+        fn = (lambda bm=bm, bn=bn, stages=stages, group=group, staging=staging:
+              matmul(a, b, scale, out_dtype, bm, bn, stages, group, staging))
         errs[name] = rel_err(fn(), ref)
         fns[name] = fn
     del ref
@@ -176,7 +179,7 @@ def main() -> None:
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float8_e4m3fn"])
     p.add_argument("--layouts", nargs="+", default=["nn", "nt"])
     p.add_argument("--variants", nargs="+", default=["128x128s3g16"],
-                   help="BMxBNsSTAGESgGROUP, e.g. 128x128s3g16")
+                   help="BMxBNsSTAGESgGROUP[c], e.g. 128x128s3g16; a trailing c: cp.async staging")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None)
@@ -184,10 +187,11 @@ def main() -> None:
     use_sm90a()
     variants = []
     for v in args.variants:
-        tile, rest = v.split("s")
+        staging = "cp.async" if v.endswith("c") else "tma"
+        tile, rest = v.rstrip("c").split("s")
         stages, group = rest.split("g")
         bm, bn = tile.split("x")
-        variants.append((int(bm), int(bn), int(stages), int(group)))
+        variants.append((int(bm), int(bn), int(stages), int(group), staging))
     rows = []
     for size in args.sizes:
         for dname in args.dtypes:
@@ -201,9 +205,9 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
     print(meta)
-    print(f"{'size':>5} {'dtype':>14} {'lay':>3} {'kernel':<26} {'ms':>8} {'TFLOP/s':>8} {'of base':>7} {'rel err':>8}")
+    print(f"{'size':>5} {'dtype':>14} {'lay':>3} {'kernel':<35} {'ms':>8} {'TFLOP/s':>8} {'of base':>7} {'rel err':>8}")
     for r in rows:
-        print(f"{r['size']:>5} {r['dtype']:>14} {r['layout']:>3} {r['kernel']:<26} {r['ms']:8.3f} "
+        print(f"{r['size']:>5} {r['dtype']:>14} {r['layout']:>3} {r['kernel']:<35} {r['ms']:8.3f} "
               f"{r['tflops']:8.1f} {r['of_base']:7.1%} {r['rel_err']:8.1e}")
 
 

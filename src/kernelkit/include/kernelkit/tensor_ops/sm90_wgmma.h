@@ -467,7 +467,12 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
     const int tiles = (K + BK - 1) / BK;
     unsigned sm;
     asm("mov.u32 %0, %%smid;" : "=r"(sm));
-    if (sa.tma_ok(K) && sb.tma_ok(K) && sm < max_sms) {
+#if defined(KK_SM90_STAGING_CP_ASYNC)  // measures cp.async staging where TMA would be taken
+    constexpr bool tma_allowed = false;
+#else
+    constexpr bool tma_allowed = true;
+#endif
+    if (tma_allowed && sa.tma_ok(K) && sb.tma_ok(K) && sm < max_sms) {
       // TMA: thread 0 issues each stage's copies, completing on full[s]; the warps release a
       // stage on empty[s] once their MMAs have read it. One MMA group stays in flight.
       const unsigned full = extra, empty = extra + 8 * Stages, slot_word = extra + 128;
