@@ -108,7 +108,7 @@ def test_threads_and_processes_share_one_cache(tmp_path, capsys):
     for e in left:
         key, suffix = e.path.name[:64], e.path.name[64:]
         assert e.path.exists() and store.read(key, suffix) is not None, e.path
-    assert not [p for p in root.rglob(".tmp-*")]
+    assert not [p for p in root.rglob(".tmp-*")] and not [p for p in root.rglob(".load-*")]
     largest = max((e.size for e in left), default=0)
     assert sum(e.size for e in left) <= 400 * 1024 + largest
     with capsys.disabled():

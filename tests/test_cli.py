@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,8 +80,18 @@ def test_cache_info_list_clear(tmp_path, monkeypatch):
     assert r.returncode == 0 and "removed 1 other kernelkit versions' files" in r.stdout, r.stdout
     assert not (tmp_path / "0.0.1").exists() and len(list(current.glob("ab/ab*"))) == 2
 
+    copies = {}  # private copies of libraries being loaded: one a crashed process left, one in use
+    for name, age in (("abcdefgh", 7200), ("ijklmnop", 0)):
+        copy = current / f".load-{name}" / ("ef" + "3" * 62 + ".so")
+        copy.parent.mkdir()
+        copy.write_bytes(b"\0")
+        os.utime(copy.parent, (time.time() - age, time.time() - age))
+        copies[name] = copy
     r = kernelkit_cmd("cache", "clear", cache=tmp_path)
     assert r.returncode == 0 and "removed 2 files" in r.stdout, r.stdout
+    assert not copies["abcdefgh"].parent.exists() and copies["ijklmnop"].exists()
+    copies["ijklmnop"].unlink()
+    copies["ijklmnop"].parent.rmdir()
     assert sorted(p.name for p in tmp_path.rglob("*")) == [kernelkit.__version__, cache.MARKER,
                                                            cache.KEY_FILE]  # kept for running processes
 

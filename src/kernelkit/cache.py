@@ -16,14 +16,17 @@ version directories are ever deleted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
 import os
 import re
+import shutil
 import stat
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,8 @@ _SHARD = re.compile(r"[0-9a-f]{2}")
 # an entry's binary, its source, and the checksum file of the layout before the HMAC
 _ENTRY = re.compile(r"(?P<stem>[0-9a-f]{64}\.[a-z]+)(?P<extra>\.src|\.sha256)?")
 _TEMP = re.compile(r"\.tmp-[a-z0-9_]{8}")  # tempfile.mkstemp(prefix=".tmp-")
+_LOADING = re.compile(r"\.load-[a-z0-9_]{8}")  # private_dir(): a library's copy while it loads
+_LOADING_LEFT_AFTER = 3600  # seconds: older ones are a crashed process's, which clear removes
 _SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -302,6 +307,17 @@ def usage(root: Path) -> list[tuple[str, int, int]]:
     return [(v, n, size) for v, (n, size) in rows.items()]
 
 
+def _crashed_loads(version_dir: Path) -> list[str]:
+    """private_dir()s that a process left behind (it crashed while loading a library)."""
+    try:
+        with os.scandir(version_dir) as it:
+            found = [e for e in it if _LOADING.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+        old = time.time() - _LOADING_LEFT_AFTER
+        return [e.path for e in found if e.stat(follow_symlinks=False).st_mtime < old]
+    except OSError:
+        return []
+
+
 def clear(root: Path, stale: bool = False) -> tuple[int, int]:
     """Remove kernelkit's entries under `root` (with `stale`, only other versions'): (files,
     bytes) removed. Other versions' directories go entirely (their marker and key too); this
@@ -318,9 +334,18 @@ def clear(root: Path, stale: bool = False) -> tuple[int, int]:
                 continue
             if _unlink(f.path):
                 removed, size = removed + 1, size + n
-        for shard in _shards(d):
+        crashed = _crashed_loads(d)
+        for loading in crashed:
             try:
-                os.rmdir(shard)  # only if empty: whatever else is there stays
+                with os.scandir(loading) as it:
+                    copies = [f.path for f in it if _ENTRY.fullmatch(f.name) and f.is_file(follow_symlinks=False)]
+            except OSError:
+                continue
+            for f in copies:
+                _unlink(f)
+        for folder in [*_shards(d), *crashed]:
+            try:
+                os.rmdir(folder)  # only if empty: whatever else is there stays
             except OSError:
                 pass
         if not current:
@@ -434,6 +459,23 @@ def _open(configured: Path) -> DiskCache | None:
           "compiles its kernels again. Set KERNELKIT_CACHE_DIR to a directory that only you can "
           "write (mode 0700).")
     return None
+
+
+@contextlib.contextmanager
+def private_dir() -> Iterator[str]:
+    """A new directory (mode 0700) for this caller alone, removed afterwards: in the disk cache's
+    version directory where it can be written (its filesystem lets code run, which a noexec
+    /tmp does not), else in the temporary directory."""
+    store = disk()
+    try:
+        path = tempfile.mkdtemp(prefix=".load-", dir=store.directory) if store else None
+    except OSError:  # a read-only cache
+        path = None
+    path = path or tempfile.mkdtemp(prefix="kernelkit-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 _disks: dict[tuple[str, int], DiskCache | None] = {}

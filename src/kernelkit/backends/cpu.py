@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from .. import codegen
-from ..cache import CACHE, key_of
+from ..cache import CACHE, key_of, private_dir
 from ..errors import CompileError, KernelLaunchError
 from . import groups_per_grid
 
@@ -100,11 +100,11 @@ def _exit_status(returncode: int) -> str:
 def load_cached(key: str, source: str, build, load: Callable[[str], T]) -> T:
     """`load(path)` of the shared library `key` from the compile cache. The loader reads a file
     written from the bytes the cache verified (or built) in this process, in a directory of this
-    process's own (mode 0700, removed once loaded): nobody can swap it between the check and the
+    call's own (mode 0700, removed once loaded): nobody can swap it between the check and the
     load. (Removing it is safe: the loaded mapping keeps the file's inode, which the dynamic
     loader compares to tell libraries apart, from being reused.)"""
     binary = CACHE.get(key, ".so", source, build)
-    with tempfile.TemporaryDirectory(prefix="kernelkit-") as private:
+    with private_dir() as private:
         path = os.path.join(private, key + ".so")
         with open(path, "xb") as f:
             f.write(binary)
