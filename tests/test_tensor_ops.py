@@ -306,17 +306,23 @@ CUDA_MATMUL = """
   op.run(A, B, ct);
   auto rows = op.get_row_reduction_destination_cooperative_tensor<decltype(A), decltype(B), float>();
   reduce_rows(ct, rows, reduction_operation::max, reduction_operation_identity<float>::max_identity);
+  auto cols = op.get_column_reduction_destination_cooperative_tensor<decltype(A), decltype(B), float>();
+  reduce_columns(ct, cols, reduction_operation::min, reduction_operation_identity<float>::min_identity);
   for (auto it = ct.begin(); it != ct.end(); ++it) *it -= *rows.map_iterator(it);
   ct.store(C);
+  if (threadIdx.x < 32)  // every SIMD-group holds the column minima: the first one writes them
+    for (int i = 0; i < cols.get_capacity(); ++i)
+      if (cols.is_valid_element(i)) colmin[cols.get_multidimensional_index(i)[0]] = cols[i];
 """
 
 
 def test_cuda_dialect(device):
     M, N, K = 40, 24, 32  # two SIMD-groups share the rows in blocks of 16 (the second holds 16..31)
-    k = kk.cuda_kernel("tops_cuda", ["a", "b"], ["c"], CUDA_MATMUL,
+    k = kk.cuda_kernel("tops_cuda", ["a", "b"], ["c", "colmin"], CUDA_MATMUL,
                        header=f"#include <kernelkit/tensor_ops.h>\nconstexpr int M = {M}, N = {N}, K = {K};\n")
     a, b = torch.randn(M, K, device=device).half(), torch.randn(K, N, device=device).half()
-    c = k(inputs=[a, b], output_shapes=[(M, N)], output_dtypes=[torch.float32], grid=(64, 1, 1),
-          threadgroup=(64, 1, 1))[0]
+    c, colmin = k(inputs=[a, b], output_shapes=[(M, N), (N,)], output_dtypes=[torch.float32] * 2,
+                  grid=(64, 1, 1), threadgroup=(64, 1, 1))
     s = a.double() @ b.double()
     torch.testing.assert_close(c.double(), s - s.max(1, keepdim=True).values, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(colmin.double(), s.min(0).values, rtol=1e-4, atol=1e-4)

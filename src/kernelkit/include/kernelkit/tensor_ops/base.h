@@ -78,9 +78,23 @@ KK_FN bool first_thread() {
 // v of lane `from` of this SIMD-group: every lane of the SIMD-group calls it together (the
 // layer's loops are uniform), as __shfl_sync with a full mask. On the CPU a rendezvous of the
 // lanes at the user's call site.
+// (A CUDA-dialect kernel on the CPU caches its thread's context for threadIdx: a rendezvous
+// switched fibers, so it is pointed back at this thread's after each.)
+KK_FN void rebind_thread() {
+#if defined(KK_CUDA_CPU)
+  ::kk_cuda_cpu::rebind();
+#endif
+}
 template <class T>
 KK_FN T lane_read(const T& v, unsigned from, const kk::site& s) {
-  return kk::simd_shuffle(v, from, s);
+  const T r = kk::simd_shuffle(v, from, s);
+  rebind_thread();
+  return r;
+}
+// Every thread of the threadgroup (all SIMD-groups of the scope) meets here.
+KK_FN void threadgroup_barrier(const kk::site& s) {
+  kk::threadgroup_barrier(s);
+  rebind_thread();
 }
 
 }  // namespace tops

@@ -6,7 +6,10 @@
 // cooperative tensor, overwritten with op folded over each row (column) from `identity` (Apple's
 // default is sum_identity whatever the op: pass the identity). Invalid elements take no part.
 // Each thread folds its own elements of each row, then the lanes that share the row combine theirs
-// (the four lanes of a quad for rows; the eight lanes with the same t for columns).
+// (the four lanes of a quad for rows; the eight lanes with the same t for columns). A column of an
+// execution_simdgroups<N> op spans the N SIMD-groups: they combine their partials, in SIMD-group
+// order, through threadgroup memory between two threadgroup barriers (every thread of the
+// threadgroup calls reduce_columns, as the scope requires).
 #pragma once
 
 namespace mpp {
@@ -34,6 +37,25 @@ KK_FN T reduce_op(mpp::tensor_ops::reduction_operation op, T a, T b) {
   }
 }
 
+// Column partials of each SIMD-group (dst, the same in every lane with the same t) folded over the
+// scope's SIMD-groups.
+template <class SL, class E, class DX, class DL>
+KK_FN void across_simdgroups(metal::cooperative_tensor<E, DX, DL>& dst, mpp::tensor_ops::reduction_operation op,
+                             const kk::site& s) {
+  constexpr int W = SL::simdgroups, C = SL::col_slots, stride = SL::IB * 8;
+  KK_THREADGROUP E partials[W * stride];  // [SIMD-group][column]
+  const unsigned lane = lane_id(), w = SL::group();
+  if (lane < 4)
+    for (int c = 0; c < C; ++c) partials[int(w) * stride + SL::col_of_slot(c)] = dst.v[c];
+  threadgroup_barrier(s);
+  for (int c = 0; c < C; ++c) {
+    E part = partials[SL::col_of_slot(c)];
+    for (int g = 1; g < W; ++g) part = reduce_op(op, part, partials[g * stride + SL::col_of_slot(c)]);
+    dst.v[c] = part;
+  }
+  threadgroup_barrier(s);  // every SIMD-group has read the partials before they are written again
+}
+
 template <bool Rows, class E, class SX, class DX, class SL, class DL>
 KK_FN void reduce(const metal::cooperative_tensor<E, SX, SL>& src, metal::cooperative_tensor<E, DX, DL>& dst,
                   mpp::tensor_ops::reduction_operation op, E identity, const kk::site& s) {
@@ -42,7 +64,6 @@ KK_FN void reduce(const metal::cooperative_tensor<E, SX, SL>& src, metal::cooper
                 "reduce_rows / reduce_columns: the destination must be the op's row / column reduction cooperative tensor");
   static_assert(SL::simdgroups == DL::simdgroups && (Rows ? SL::outer == DL::outer : SL::inner == DL::inner),
                 "reduce_rows / reduce_columns: source and destination come from different ops");
-  static_assert(Rows || SL::simdgroups <= 1, "reduce_columns: kernelkit reduces columns over one SIMD-group or thread (execution_simdgroups<N> with N > 1 is not supported)");
   constexpr int slots = Rows ? SL::row_slots : SL::col_slots;
   for (int r = 0; r < slots; ++r) {
     E part = identity;
@@ -55,6 +76,7 @@ KK_FN void reduce(const metal::cooperative_tensor<E, SX, SL>& src, metal::cooper
     }
     dst.v[r] = part;
   }
+  if constexpr (!Rows && SL::simdgroups > 1) across_simdgroups<SL>(dst, op, s);
 }
 
 }  // namespace tops
