@@ -111,7 +111,8 @@ ATTENTION = """
   auto ctO = mul_sv_op.get_destination_cooperative_tensor<
       decltype(mul_sv_op.get_left_input_cooperative_tensor<float, half, float>()), decltype(tVSlice), float>();
   threadgroup float scratch[4 * ROWS * BK];
-  auto tgTensor = tensor(scratch + sgid * ROWS * BK, dextents<int, 2>(BK, ROWS));
+  auto tgTensor = tensor<threadgroup float, dextents<int, 2>, tensor_inline>(scratch + sgid * ROWS * BK,
+                                                                           dextents<int, 2>(BK, ROWS));
   if (!FALLBACK && mul_sv_op.is_compatible_as_left_input<float, half, float>(ctQK)) {
     auto ctQKIn = mul_sv_op.get_left_input_cooperative_tensor<float, half, float>(ctQK);
     mul_sv_op.run(ctQKIn, tVSlice, ctO);
@@ -326,3 +327,70 @@ def test_cuda_dialect(device):
     s = a.double() @ b.double()
     torch.testing.assert_close(c.double(), s - s.max(1, keepdim=True).values, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(colmin.double(), s.min(0).values, rtol=1e-4, atol=1e-4)
+
+
+# The documented element-to-thread layout (layout.h, README): each thread reports where its
+# elements are, for a destination and its row reduction over two SIMD-groups, and for the left and
+# right inputs of a SIMD-group op.
+LAYOUT = """
+  const int tid = thread_index_in_threadgroup;
+  auto A = tensor(a, dextents<int, 2>(16, 40));
+  constexpr auto desc = matmul2d_descriptor(40, 24, 16);
+  matmul2d<desc, execution_simdgroups<2>> op;
+  auto d = op.get_destination_cooperative_tensor<decltype(A), decltype(A), float>();
+  auto r = op.get_row_reduction_destination_cooperative_tensor<decltype(A), decltype(A), float>();
+  for (int i = 0; i < d.get_capacity(); ++i)
+    if (d.is_valid_element(i)) dest[d.get_multidimensional_index(i)[1] * 24 + d.get_multidimensional_index(i)[0]] = tid * 100 + i;
+  for (auto it = r.begin(); it != r.end(); ++it)
+    if (it.is_valid_element()) rows[it.get_multidimensional_index()[0] * 64 + tid] = it.get_index();
+  constexpr auto desc2 = matmul2d_descriptor(16, 8, 16);
+  matmul2d<desc2, execution_simdgroup> op2;
+  auto l = op2.get_left_input_cooperative_tensor<half, half, float>();
+  auto rt = op2.get_right_input_cooperative_tensor<half, half, float>();
+  if (tid < 32) {
+    for (int i = 0; i < l.get_capacity(); ++i)
+      if (l.is_valid_element(i)) left[l.get_multidimensional_index(i)[1] * 16 + l.get_multidimensional_index(i)[0]] = tid * 100 + i;
+    for (int i = 0; i < rt.get_capacity(); ++i)
+      if (rt.is_valid_element(i)) right[rt.get_multidimensional_index(i)[1] * 8 + rt.get_multidimensional_index(i)[0]] = tid * 100 + i;
+  }
+"""
+
+
+def _documented(outer, inner, simdgroups, threads):
+    """{(outer, inner): thread * 100 + i} by the documented formula; each element once."""
+    held, ib = {}, -(-inner // 8)
+    for tid in range(threads):
+        lane, w = tid % 32, (tid // 32) % simdgroups
+        cap = -(-(-(-outer // 16)) // simdgroups) * ib * 4
+        for i in range(cap):
+            e, j = i % 4, i // 4
+            o = 16 * ((j // ib) * simdgroups + w) + lane // 4 + 8 * (e // 2)
+            n = 8 * (j % ib) + 2 * (lane % 4) + e % 2
+            if o < outer and n < inner:
+                assert (o, n) not in held
+                held[(o, n)] = tid * 100 + i
+    assert len(held) == outer * inner
+    return held
+
+
+def test_cooperative_layout_is_documented(device):
+    k = kk.metal_kernel("tops_layout", ["a"], ["dest", "rows", "left", "right"], LAYOUT, header=HEADER)
+    a = torch.zeros(40, 16, device=device)
+    dest, rows, left, right = k(inputs=[a], output_shapes=[(40, 24), (40, 64), (16, 16), (16, 8)],
+                                output_dtypes=[torch.int32] * 4, grid=(64, 1, 1), threadgroup=(64, 1, 1),
+                                init_value=-1)
+    for out, (outer, inner, w, threads), transposed in [(dest, (40, 24, 2, 64), False), (left, (16, 16, 1, 32), False),
+                                                       (right, (8, 16, 1, 32), True)]:
+        want = torch.full_like(out, -1, device="cpu")
+        for (o, n), v in _documented(outer, inner, w, threads).items():
+            want[(n, o) if transposed else (o, n)] = v
+        assert torch.equal(out.cpu(), want)
+    # a row reduction: per owned 16-row block, rows g and g + 8 in the four lanes of quad g
+    want = torch.full((40, 64), -1, dtype=torch.int32)
+    for tid in range(64):
+        lane, w = tid % 32, tid // 32
+        for slot in range(4):
+            row = 16 * ((slot // 2) * 2 + w) + lane // 4 + 8 * (slot % 2)
+            if row < 40:
+                want[row, tid] = slot
+    assert torch.equal(rows.cpu(), want)

@@ -84,7 +84,9 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
         elif t.text in ("device", "thread"):
             t.text = ""
         elif t.text == "threadgroup":
-            t.text = "" if _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
+            # a template argument (`tensor<threadgroup half, ...>`) or a pointer/reference: vanishes
+            template_argument = n and tokens[code[n - 1]].text in ("<", ",")
+            t.text = "" if template_argument or _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
 
 
 def _constant(tokens: list[Token], code: list[int], n: int, program_scope: bool) -> str:

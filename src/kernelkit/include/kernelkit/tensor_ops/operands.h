@@ -12,8 +12,10 @@ namespace tops {
 
 template <class T> inline constexpr bool is_cooperative_v = false;
 template <class E, class X, class L> inline constexpr bool is_cooperative_v<metal::cooperative_tensor<E, X, L>> = true;
+template <class T> inline constexpr bool is_cooperative_v<const T> = is_cooperative_v<T>;
 
 template <class Op> struct operand_traits;
+template <class Op> struct operand_traits<const Op> : operand_traits<Op> {};
 template <class T, class E, class D, class... Tags>
 struct operand_traits<metal::tensor<T, E, D, Tags...>> {
   using value_type = remove_const_t<T>;

@@ -154,6 +154,7 @@ template <class T> using remove_addrspace_t = T;
 
 template <class T> inline constexpr bool is_tensor_v = false;
 template <class T, class E, class D, class... Tags> inline constexpr bool is_tensor_v<tensor<T, E, D, Tags...>> = true;
+template <class T> inline constexpr bool is_tensor_v<const T> = is_tensor_v<T>;
 template <class T> inline constexpr bool is_tensor_inline_v = false;
 template <class T, class E, class... Tags> inline constexpr bool is_tensor_inline_v<tensor<T, E, tensor_inline, Tags...>> = true;
 template <class T> inline constexpr bool is_tensor_handle_v = false;
