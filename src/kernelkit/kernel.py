@@ -221,7 +221,7 @@ class Kernel:
         # waits for fastcall's extension (built in the background on first use).
         if plan_key is not None and self._repeated((id(plans), plan_key)) and _fast_call_ready() \
                 and all(t is x and (type(x) is torch.Tensor or arrays.is_scalar(x))
-                        for t, x in zip(tensors, inputs)):
+                        for t, x in zip(tensors, inputs)) and _key_fixes_device(tensors):
             prototypes = tuple(torch.empty((), dtype=d.torch, device=device) for d in out_dtypes)
             prepare = tuple(_filler(f) if f is not None else _poison if _POISON else None for f in fills)
             plans[plan_key] = backend.compiled_plan(
@@ -409,6 +409,13 @@ def _plan_key(inputs, output_dtypes, grid, threadgroup, template) -> tuple | Non
     except TypeError:  # a list grid, say
         return None
     return key
+
+
+def _key_fixes_device(tensors) -> bool:
+    """Whether a plan key holds the call's device: an array input's device is in it; a call with
+    none runs on the current GPU, which the key does not hold, so with several GPUs it gets no
+    plan (one made under cuda:0 would launch there under torch.cuda.device(1))."""
+    return any(type(t) is torch.Tensor for t in tensors) or torch.cuda.device_count() < 2
 
 
 def _dims_key(dims):

@@ -221,9 +221,10 @@ class Device:
 
     def set_max_dynamic_shared(self, func, nbytes: int) -> None:
         driver = _driver()
-        _check(driver.cuFuncSetAttribute(
-            func, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
-            "cuFuncSetAttribute")
+        with self.current():  # the function's context: torch's current device may be another
+            _check(driver.cuFuncSetAttribute(
+                func, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                nbytes), "cuFuncSetAttribute")
 
 
 class _ContextGuard:
