@@ -394,3 +394,12 @@ def test_cooperative_layout_is_documented(device):
             if row < 40:
                 want[row, tid] = slot
     assert torch.equal(rows.cpu(), want)
+
+
+def test_scope_mismatch_is_a_clear_error():
+    """execution_simdgroups<4> in a threadgroup of 64 threads: the CPU names the op, line and sizes."""
+    k = kk.metal_kernel("tops_tile_matmul", ["a", "b"], ["c"], TILE_MATMUL, header=HEADER)
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with pytest.raises(kk.KernelLaunchError, match=r"matmul2d::run \(body:\d+\).*4 SIMD-group.*has 64 threads"):
+        k(inputs=[a, b], output_shapes=[(8, 8)], output_dtypes=[torch.float32], grid=(64, 1, 1), threadgroup=(64, 1, 1),
+          template=[("TILEM", 32), ("TILEN", 16), ("TR", False), ("ACC", False), ("RELAXED", False)])

@@ -9,8 +9,8 @@
 // (The GPU ignores sites; the path report, KK_TOPS_REPORT, prints their lines on both targets.)
 #define KK_TOPS_SITE(op) {(op), __builtin_FILE(), static_cast<unsigned>(__builtin_LINE())}
 
-#if defined(KK_TOPS_REPORT) && !defined(KK_TARGET_CUDA)
-#include <stdio.h>
+#if !defined(KK_TARGET_CUDA)
+#include <stdio.h>  // snprintf (check_scope), printf (KK_TOPS_REPORT)
 #endif
 
 namespace kk {
@@ -91,6 +91,26 @@ KK_FN T lane_read(const T& v, unsigned from, const kk::site& s) {
   rebind_thread();
   return r;
 }
+// An op over W SIMD-groups (W = 0: one thread) needs them whole in the threadgroup (Metal leaves a
+// mismatch undefined). The CPU stops the launch with a clear error; the GPU does not check.
+KK_FN void check_scope(int W, const kk::site& s) {
+#if !defined(KK_TARGET_CUDA)
+  const kk_thread_ctx* t = kk_rt_current;
+  const unsigned threads = t->tg_size.x * t->tg_size.y * t->tg_size.z;
+  const unsigned need = W == 1 ? ((t->tindex >> 5) + 1) * 32 : 32u * unsigned(W);
+  if (W > 0 && threads < need) {
+    char msg[384];
+    snprintf(msg, sizeof msg,
+             "%s (%s:%u): its scope is %d SIMD-group(s) of 32 threads, and this threadgroup has %u threads "
+             "(a threadgroup of 32 * N threads runs execution_simdgroups<N>; whole SIMD-groups run "
+             "execution_simdgroup)", s.op, s.file ? s.file : "?", s.line, W, threads);
+    kk_rt_fail(t, msg);
+  }
+#else
+  (void)W, (void)s;
+#endif
+}
+
 // Every thread of the threadgroup (all SIMD-groups of the scope) meets here.
 KK_FN void threadgroup_barrier(const kk::site& s) {
   kk::threadgroup_barrier(s);

@@ -140,6 +140,7 @@ class matmul2d {
     static_assert(!(operand_traits<Left>::scaled || operand_traits<Right>::scaled) ||
                   (!is_integer_v<typename operand_traits<Dest>::value_type>),
                   "matmul2d::run: a scaled (MXFP8) product needs a floating-point destination");
+    check_scope(W, s);
     using DV = typename operand_traits<Dest>::value_type;
     using Acc = accumulator_t<typename operand_traits<Left>::value_type, typename operand_traits<Right>::value_type, DV>;
     using DL = layout<role::destination>;

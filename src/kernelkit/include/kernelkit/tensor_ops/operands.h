@@ -84,6 +84,7 @@ KK_FN void relayout(DCT& dst, const SCT& src, const kk::site& s) {
     for (int i = 0; i < D::capacity; ++i) dst.v[i] = convert<E>(src.v[i]);
   } else {
     static_assert(S::simdgroups == 1 && D::simdgroups == 1, "Input cooperative tensors require a single SIMD group");
+    check_scope(1, s);
     for (int i = 0; i < D::capacity; ++i) {
       int o, n;
       D::at(i, o, n);

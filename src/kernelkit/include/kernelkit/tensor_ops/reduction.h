@@ -64,6 +64,7 @@ KK_FN void reduce(const metal::cooperative_tensor<E, SX, SL>& src, metal::cooper
                 "reduce_rows / reduce_columns: the destination must be the op's row / column reduction cooperative tensor");
   static_assert(SL::simdgroups == DL::simdgroups && (Rows ? SL::outer == DL::outer : SL::inner == DL::inner),
                 "reduce_rows / reduce_columns: source and destination come from different ops");
+  check_scope(SL::simdgroups, s);
   constexpr int slots = Rows ? SL::row_slots : SL::col_slots;
   for (int r = 0; r < slots; ++r) {
     E part = identity;

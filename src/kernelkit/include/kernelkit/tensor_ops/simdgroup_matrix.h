@@ -82,6 +82,7 @@ template <class T, class TA, class TB>
 KK_FN void simdgroup_product(float (&out)[2], const simdgroup_matrix<TA, 8, 8>& a, const simdgroup_matrix<TB, 8, 8>& b,
                              const kk::site& s) {
   using M = simdgroup_matrix<T, 8, 8>;
+  kk::tops::check_scope(1, s);
   const int r = M::row(), c = M::col();
   for (int k = 0; k < 8; ++k) {
     const float x = float(kk::tops::lane_read(a.e[k & 1], M::lane_of(r, k), s));
