@@ -5,7 +5,6 @@ permission check); run as another user, it runs as that user."""
 
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -75,8 +74,8 @@ def place():
 
 def unprivileged(script: str, cache_dir: Path, home: Path, warm: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, KERNELKIT_CACHE_DIR=warm)
-    return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script), str(cache_dir), str(home)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-c", PRELUDE + textwrap.dedent(script), str(cache_dir), str(home)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _call(name: str, factor: float) -> None:
@@ -89,7 +88,8 @@ def _call(name: str, factor: float) -> None:
 
 
 def _entry_of(root: Path, kernel: str) -> Path:
-    found = [p for p in root.rglob("*.so") if f"custom_kernel_{kernel}(" in p.with_name(p.name + ".src").read_text()]
+    found = [p for p in root.rglob("*.so")
+             if f"custom_kernel_{kernel}(" in p.with_name(p.name + ".src").read_text()]
     assert len(found) == 1, (kernel, found)
     return found[0]
 

@@ -58,8 +58,8 @@ WORKER = textwrap.dedent("""
             return "entries"
         # a new generation of kernels every 6 s: both processes compile them at once
         generation, j = int(time.time() / 6) % 1000, rng.randrange(3)
-        k = kk.metal_kernel(name=f"stress{j}", input_names=["a"], output_names=["out"],
-                            source=f"uint i = thread_position_in_grid.x; out[i] = a[i] * {j + 2} + {generation};")
+        body = f"uint i = thread_position_in_grid.x; out[i] = a[i] * {j + 2} + {generation};"
+        k = kk.metal_kernel(name=f"stress{j}", input_names=["a"], output_names=["out"], source=body)
         a = torch.randint(-1000, 1000, (64,), dtype=torch.float32)
         out = k(inputs=[a], grid=(64, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(64,)],
                 output_dtypes=[torch.float32])[0]

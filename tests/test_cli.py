@@ -49,6 +49,16 @@ def test_doctor(tmp_path):
     assert r.returncode == (0 if report["backends"]["cuda"] else 1)
 
 
+def cache_cmd(*args, capsys) -> subprocess.CompletedProcess:
+    """`kernelkit cache ...` run in this process on the test's KERNELKIT_CACHE_DIR (a new
+    interpreter would cost seconds to import torch)."""
+    from kernelkit.cli import main
+    capsys.readouterr()
+    returncode = main(["cache", *args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["kernelkit", "cache", *args], returncode, out, err)
+
+
 def _entries_of_two_versions(root: Path, monkeypatch, old_version: str = "0.0.1") -> None:
     """An entry of this kernelkit, written by the cache itself, and an older version's directory
     as that version left it (marked, one entry)."""
@@ -61,7 +71,7 @@ def _entries_of_two_versions(root: Path, monkeypatch, old_version: str = "0.0.1"
     (old / "cd" / ("cd" + "1" * 62 + ".cubin")).write_bytes(b"\0" * 500)
 
 
-def test_cache_info_list_clear(tmp_path, monkeypatch):
+def test_cache_info_list_clear(tmp_path, monkeypatch, capsys):
     _entries_of_two_versions(tmp_path, monkeypatch)
     current = tmp_path / kernelkit.__version__
 
@@ -71,12 +81,12 @@ def test_cache_info_list_clear(tmp_path, monkeypatch):
     assert f"{kernelkit.__version__}/ (this kernelkit): 2 files" in r.stdout
     assert "0.0.1/ (another kernelkit version): 1 file, 500 B" in r.stdout
 
-    r = kernelkit_cmd("cache", "list", cache=tmp_path)
+    r = cache_cmd("list", capsys=capsys)
     assert r.returncode == 0, r.stderr
     assert any("ab000000" in line and "cpu" in line and "myexp" in line for line in r.stdout.splitlines())
     assert any("cd111111" in line and "cuda" in line for line in r.stdout.splitlines())
 
-    r = kernelkit_cmd("cache", "clear", "--stale", cache=tmp_path)
+    r = cache_cmd("clear", "--stale", capsys=capsys)
     assert r.returncode == 0 and "removed 1 other kernelkit versions' files" in r.stdout, r.stdout
     assert not (tmp_path / "0.0.1").exists() and len(list(current.glob("ab/ab*"))) == 2
 
@@ -87,7 +97,7 @@ def test_cache_info_list_clear(tmp_path, monkeypatch):
         copy.write_bytes(b"\0")
         os.utime(copy.parent, (time.time() - age, time.time() - age))
         copies[name] = copy
-    r = kernelkit_cmd("cache", "clear", cache=tmp_path)
+    r = cache_cmd("clear", capsys=capsys)
     assert r.returncode == 0 and "removed 2 files" in r.stdout, r.stdout
     assert not copies["abcdefgh"].parent.exists() and copies["ijklmnop"].exists()
     copies["ijklmnop"].unlink()
@@ -96,7 +106,7 @@ def test_cache_info_list_clear(tmp_path, monkeypatch):
                                                            cache.KEY_FILE]  # kept for running processes
 
 
-def test_cache_clear_never_removes_what_is_not_kernelkits(tmp_path, monkeypatch):
+def test_cache_clear_never_removes_what_is_not_kernelkits(tmp_path, monkeypatch, capsys):
     """Issue 15, finding 3: KERNELKIT_CACHE_DIR=~/.cache, an easy mistake, must cost no user file."""
     root = tmp_path / ".cache"
     entry_name = "ab" + "2" * 62 + ".so"
@@ -119,17 +129,17 @@ def test_cache_clear_never_removes_what_is_not_kernelkits(tmp_path, monkeypatch)
         assert {rel: (root / rel).read_bytes() for rel in user} == user
         assert precious.read_bytes() == b"outside the cache"
 
-    r = kernelkit_cmd("cache", cache=root)
+    r = cache_cmd(capsys=capsys)
     assert r.returncode == 0, r.stderr
     listed = {line.split("/")[0].strip() for line in r.stdout.splitlines()[1:]}
     assert listed == {"0.0.3", kernelkit.__version__}, r.stdout
 
-    r = kernelkit_cmd("cache", "clear", "--stale", cache=root)
+    r = cache_cmd("clear", "--stale", capsys=capsys)
     assert r.returncode == 0 and "removed 1 other kernelkit versions' files" in r.stdout, r.stdout
     untouched()
     assert not (root / "0.0.3" / cache.MARKER).exists() and not (root / "0.0.3" / "cd").exists()
 
-    r = kernelkit_cmd("cache", "clear", cache=root)
+    r = cache_cmd("clear", capsys=capsys)
     assert r.returncode == 0 and "removed 2 files" in r.stdout, r.stdout
     untouched()
     assert (root / kernelkit.__version__ / "ab" / entry_name).is_symlink()

@@ -116,7 +116,7 @@ def _unsafe(st: os.stat_result) -> str | None:
     return None
 
 
-def _private_dir(path: Path, tighten: bool) -> str | None:
+def _owned_dir(path: Path, tighten: bool) -> str | None:
     """Make `path` a directory only this user can write (new ones are created 0700); why it
     cannot be, or None. `tighten`: a directory of kernelkit's own that this user owns but others
     may write is made 0700 (a user's own directory is refused instead)."""
@@ -338,7 +338,8 @@ def clear(root: Path, stale: bool = False) -> tuple[int, int]:
         for loading in crashed:
             try:
                 with os.scandir(loading) as it:
-                    copies = [f.path for f in it if _ENTRY.fullmatch(f.name) and f.is_file(follow_symlinks=False)]
+                    copies = [f.path for f in it
+                              if _ENTRY.fullmatch(f.name) and f.is_file(follow_symlinks=False)]
             except OSError:
                 continue
             for f in copies:
@@ -399,12 +400,12 @@ class DiskCache:
         try:
             # the directory may have been removed since (`kernelkit cache clear --stale` of a
             # newer version): made again, with a fresh key
-            if _private_dir(self.directory, tighten=True) is not None:
+            if _owned_dir(self.directory, tighten=True) is not None:
                 return False
             self._secret = _signing_key(self.directory)
             if self._secret is None:
                 return False
-            if _private_dir(path.parent, tighten=True) is not None:
+            if _owned_dir(path.parent, tighten=True) is not None:
                 return False
             _atomic_write(path.with_name(path.name + ".src"), source.encode())
             _atomic_write(path, _MAGIC + _mac(self._secret, key, suffix, binary) + binary)
@@ -442,9 +443,9 @@ def _open(configured: Path) -> DiskCache | None:
         candidates.setdefault(fallback, True)
     problems: list[str] = []
     for root, ours in candidates.items():
-        problem = _private_dir(root, tighten=ours)
+        problem = _owned_dir(root, tighten=ours)
         if problem is None:
-            problem = _private_dir(root / __version__, tighten=True)
+            problem = _owned_dir(root / __version__, tighten=True)
             if problem is not None:
                 problem = f"holds {root / __version__}, which {problem}"
         if problem is None:
