@@ -67,7 +67,7 @@ def _entries_of_two_versions(root: Path, monkeypatch, old_version: str = "0.0.1"
                        lambda: b"\0" * 2000)
     old = root / old_version
     (old / "cd").mkdir(parents=True)
-    (old / cache.MARKER).write_text(cache._MARKER_TEXT.format(old_version))
+    (old / cache.MARKER).write_text(cache._MARKER_START.format(old_version) + ", as an older text said\n")
     (old / "cd" / ("cd" + "1" * 62 + ".cubin")).write_bytes(b"\0" * 500)
 
 

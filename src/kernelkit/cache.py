@@ -38,8 +38,10 @@ _INCLUDE = Path(__file__).resolve().parent / "include"
 
 DEFAULT_MAX_BYTES = 1 << 30
 MARKER = "CACHEDIR.TAG"  # the Cache Directory Tagging convention: backup tools skip the directory
-_MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
-                "# kernelkit {}'s compile cache (kernelkit cache clear removes its entries).\n")
+# What every kernelkit version's marker starts with (the text after it may change), its version
+# the directory's name: `clear --stale` must know older versions' directories.
+_MARKER_START = "Signature: 8a477f597d28d172789f06886806bc55\n# kernelkit {}'s compile cache"
+_MARKER_TEXT = _MARKER_START + " (kernelkit cache clear removes its entries).\n"
 KEY_FILE = "hmac.key"
 _KEY_BYTES = 32
 _MAGIC = b"KKCACHE1"
@@ -195,7 +197,7 @@ def _unlink(path) -> bool:
 
 def _marked(directory: Path) -> bool:
     data = _read_regular(directory / MARKER)
-    return data is not None and data == _MARKER_TEXT.format(directory.name).encode()
+    return data is not None and data.startswith(_MARKER_START.format(directory.name).encode())
 
 
 def _signing_key(directory: Path) -> bytes | None:
