@@ -35,7 +35,7 @@ __device__ __forceinline__ void store2(__half* p, float x, float y) {
 # Tiles are walked in bands of GROUP tile rows, down each band's columns, so that the
 # threadgroups resident at once share rows of A and columns of B in L2.
 BODY = """
-using G = kk::tops::sm90::warpgroup_gemm<BM, BN, TA_T, TB_T, float, STAGES>;
+using G = kk::tops::sm90::warpgroup_gemm<BM, BN, TA_T, TB_T, float, STAGES, WARPGROUPS>;
 const int M = a_shape[0], K = a_shape[1], N = b_shape[1];
 const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
 const int id = blockIdx.x, band = id / (GROUP * tiles_n), first = band * GROUP;
@@ -81,14 +81,14 @@ def smem_bytes(bm: int, bn: int, stages: int) -> int:
     return stages * (bm + bn) * 128 + 1024 + 512  # warpgroup_gemm::smem_bytes
 
 
-def matmul_kernel(ta, tb, bm=128, bn=128, stages=3, group=16, staging="tma"):
+def matmul_kernel(ta, tb, bm=128, bn=128, stages=3, group=16, staging="tma", warpgroups=1):
     """A cuda_kernel: out[M, N] = scale * a[M, K] @ b[K, N], any strides, through warpgroup_gemm.
     staging="cp.async" turns TMA off (to compare the two)."""
-    key = (ta, tb, bm, bn, stages, group, staging)
+    key = (ta, tb, bm, bn, stages, group, staging, warpgroups)
     if key not in _kernels:
         body = BODY.replace("TA_T", TYPES[ta]).replace("TB_T", TYPES[tb])
         header = ("#define KK_SM90_STAGING_CP_ASYNC 1\n" if staging == "cp.async" else "") + HEADER
-        k = kk.cuda_kernel(name=f"wgmma_{bm}x{bn}_s{stages}", input_names=["a", "b", "scale"],
+        k = kk.cuda_kernel(name=f"wgmma_{bm}x{bn}_s{stages}_w{warpgroups}", input_names=["a", "b", "scale"],
                            output_names=["out"], source=body, header=header,
                            ensure_row_contiguous=False, shared_memory=smem_bytes(bm, bn, stages))
         _kernels[key] = k
@@ -96,9 +96,10 @@ def matmul_kernel(ta, tb, bm=128, bn=128, stages=3, group=16, staging="tma"):
 
 
 def matmul(a, b, scale=None, out_dtype=torch.bfloat16, bm=128, bn=128, stages=3, group=16,
-           staging="tma"):
-    """Run the kernel: a (M x K), b (K x N) torch tensors on the GPU, any strides."""
-    k = matmul_kernel(a.dtype, b.dtype, bm, bn, stages, group, staging)
+           staging="tma", warpgroups=1):
+    """Run the kernel: a (M x K), b (K x N) torch tensors on the GPU, any strides; `warpgroups`
+    warpgroups per threadgroup share each BM x BN tile (BM / warpgroups rows each)."""
+    k = matmul_kernel(a.dtype, b.dtype, bm, bn, stages, group, staging, warpgroups)
     M, N = a.shape[0], b.shape[1]
     if scale is None:
         scale = torch.ones(1, device=a.device)
@@ -106,8 +107,9 @@ def matmul(a, b, scale=None, out_dtype=torch.bfloat16, bm=128, bn=128, stages=3,
     # fp8 travels as bytes (kernelkit's signature has no fp8 dtype); strides are unchanged.
     view = (lambda t: t.view(torch.uint8)) if a.element_size() == 1 else (lambda t: t)
     return k(inputs=[view(a), view(b), scale], output_shapes=[(M, N)], output_dtypes=[out_dtype],
-             grid=(tiles * 128, 1, 1), threadgroup=(128, 1, 1),
-             template=[("BM", bm), ("BN", bn), ("STAGES", stages), ("GROUP", group)])[0]
+             grid=(tiles * 128 * warpgroups, 1, 1), threadgroup=(128 * warpgroups, 1, 1),
+             template=[("BM", bm), ("BN", bn), ("STAGES", stages), ("GROUP", group),
+                       ("WARPGROUPS", warpgroups)])[0]
 
 
 def time_interleaved(fns: dict, iters: int, rounds: int) -> dict:
@@ -156,10 +158,11 @@ def case(size: int, dtype, layout: str, variants: list, iters: int, rounds: int)
     rows = []
     fns = {base[0]: base[1]}
     errs = {base[0]: rel_err(base[1](), ref)}
-    for bm, bn, stages, group, staging in variants:
-        name = f"wgmma {bm}x{bn} s{stages} g{group}" + (" cp.async" if staging == "cp.async" else "")
-        fn = (lambda bm=bm, bn=bn, stages=stages, group=group, staging=staging:
-              matmul(a, b, scale, out_dtype, bm, bn, stages, group, staging))
+    for bm, bn, stages, group, staging, wgs in variants:
+        name = (f"wgmma {bm}x{bn} s{stages} g{group}" + (f" {wgs}wg" if wgs > 1 else "") +
+                (" cp.async" if staging == "cp.async" else ""))
+        fn = (lambda bm=bm, bn=bn, stages=stages, group=group, staging=staging, wgs=wgs:
+              matmul(a, b, scale, out_dtype, bm, bn, stages, group, staging, wgs))
         errs[name] = rel_err(fn(), ref)
         fns[name] = fn
     del ref
@@ -179,7 +182,8 @@ def main() -> None:
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float8_e4m3fn"])
     p.add_argument("--layouts", nargs="+", default=["nn", "nt"])
     p.add_argument("--variants", nargs="+", default=["128x128s3g16"],
-                   help="BMxBNsSTAGESgGROUP[c], e.g. 128x128s3g16; a trailing c: cp.async staging")
+                   help="BMxBNsSTAGESgGROUP[wN][c], e.g. 128x128s3g16, 256x128s4g16w2: N warpgroups "
+                        "a threadgroup; a trailing c: cp.async staging")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None)
@@ -188,10 +192,11 @@ def main() -> None:
     variants = []
     for v in args.variants:
         staging = "cp.async" if v.endswith("c") else "tma"
-        tile, rest = v.rstrip("c").split("s")
+        v, _, wgs = v.rstrip("c").partition("w")
+        tile, rest = v.split("s")
         stages, group = rest.split("g")
         bm, bn = tile.split("x")
-        variants.append((int(bm), int(bn), int(stages), int(group), staging))
+        variants.append((int(bm), int(bn), int(stages), int(group), staging, int(wgs or 1)))
     rows = []
     for size in args.sizes:
         for dname in args.dtypes:

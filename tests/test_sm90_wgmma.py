@@ -113,10 +113,7 @@ CASES = [  # M, N, K, A transposed, B transposed, row padding (elements)
     (257, 130, 99, False, False, 0), (96, 200, 136, False, True, 3)]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2],
-                         ids=str)
-@pytest.mark.parametrize("M,N,K,ta,tb,pad", CASES)
-def test_matches_float64(device, dtype, M, N, K, ta, tb, pad):
+def _check(device, dtype, M, N, K, ta, tb, pad, **tile):
     if device.type != "cuda":
         pytest.skip("the wgmma path is the GPU's (tensor_ops' CPU loops are tested with tensor_ops)")
     if torch.cuda.get_device_capability() != (9, 0):
@@ -127,8 +124,27 @@ def test_matches_float64(device, dtype, M, N, K, ta, tb, pad):
     b = _operand(K, N, dtype, tb, pad)
     out_dtype = torch.float16 if dtype == torch.float16 else torch.bfloat16
     scale = torch.tensor([0.5], device="cuda")
-    out = bench.matmul(a, b, scale, out_dtype)
+    out = bench.matmul(a, b, scale, out_dtype, **tile)
     ref = (a.double() @ b.double()) * 0.5
     assert out.shape == (M, N) and not out.isnan().any()
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err < (2e-3 if dtype == torch.float16 else 8e-3), err
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2],
+                         ids=str)
+@pytest.mark.parametrize("M,N,K,ta,tb,pad", CASES)
+def test_matches_float64(device, dtype, M, N, K, ta, tb, pad):
+    _check(device, dtype, M, N, K, ta, tb, pad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("M,N,K,ta,tb,pad", [CASES[2], CASES[3], CASES[7]])
+def test_two_warpgroups_share_a_tile(device, dtype, M, N, K, ta, tb, pad):
+    """Warpgroups = 2: a 256-thread threadgroup computes a 256 x 128 tile, 128 rows each."""
+    _check(device, dtype, M, N, K, ta, tb, pad, bm=256, bn=128, stages=4, warpgroups=2)
+
+
+def test_cp_async_staging(device):
+    """The staging TMA replaces, forced where TMA would be taken."""
+    _check(device, torch.bfloat16, 200, 136, 520, False, True, 0, staging="cp.async")

@@ -91,8 +91,8 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-__device__ __forceinline__ void warpgroup_barrier(int id) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -312,14 +312,14 @@ __device__ __forceinline__ void st_shared(unsigned addr, unsigned v) {
 // reads with the 128-byte swizzle. K-major: R rows of 128 bytes (8-row atoms of 1024 bytes).
 // MN-major: R / 64 slabs, each 64 K-rows of 128 bytes (64 M or N elements). Within each
 // 1024-byte atom, 16-byte chunk c of row r sits at chunk c ^ (r % 8).
-template <class T, int R, bool KMajor> struct stager {
+template <class T, int R, bool KMajor, int Threads> struct stager {
   static constexpr int size = sizeof(T);
   static constexpr int n_outer = KMajor ? R : 128 / size;   // rows of 128 bytes per slab
   static constexpr int inner = KMajor ? 128 / size : R;     // elements along the contiguous side
   static constexpr int chunks = inner * size / 16;          // 16-byte chunks per row
   static constexpr int slab = n_outer * 128;                // bytes per slab
   static constexpr int bytes = R * 128;                     // bytes per stage
-  static_assert(n_outer * chunks % 128 == 0, "each thread copies the same number of chunks");
+  static_assert(n_outer * chunks % Threads == 0, "each thread copies the same number of chunks");
 
   const T* p;
   long os, is;  // strides along the outer (row) and inner (contiguous) sides of the tile
@@ -336,7 +336,7 @@ template <class T, int R, bool KMajor> struct stager {
            (inner_byte & 15);
   }
 
-  // Stages K elements [k0, k0 + 128 / size) at shared address dst; t: thread in the warpgroup.
+  // Stages K elements [k0, k0 + 128 / size) at shared address dst; t: thread 0..Threads-1.
   __device__ void load(unsigned dst, int k0, int K, int t) const {
     const int k_valid = K - k0;
     const int outer_valid = KMajor ? mn_valid : k_valid, inner_valid = KMajor ? k_valid : mn_valid;
@@ -344,8 +344,8 @@ template <class T, int R, bool KMajor> struct stager {
     if (vec) {
       constexpr int E = 16 / size;
 #pragma unroll
-      for (int n = 0; n < n_outer * chunks / 128; ++n) {
-        const int idx = t + 128 * n, o = idx / chunks, c = idx % chunks;
+      for (int n = 0; n < n_outer * chunks / Threads; ++n) {
+        const int idx = t + Threads * n, o = idx / chunks, c = idx % chunks;
         const int left = inner_valid - c * E;
         const int nbytes = o >= outer_valid ? 0 : left >= E ? 16 : left > 0 ? left * size : 0;
         cp_async16(dst + offset(o, c * 16), nbytes ? base + (long)o * os + c * E : p, nbytes);
@@ -354,8 +354,8 @@ template <class T, int R, bool KMajor> struct stager {
       using U = typename bits<size>::type;
       const U* q = reinterpret_cast<const U*>(base);
 #pragma unroll 4
-      for (int n = 0; n < n_outer * inner / 128; ++n) {
-        const int e = t + 128 * n, o = e / inner, i = e % inner;
+      for (int n = 0; n < n_outer * inner / Threads; ++n) {
+        const int e = t + Threads * n, o = e / inner, i = e % inner;
         st_shared(dst + offset(o, i * size), o < outer_valid && i < inner_valid ? q[o * os + i * is] : U(0));
       }
     }
@@ -389,23 +389,25 @@ template <class T, int R, bool KMajor> struct stager {
 
 }  // namespace detail
 
-template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct warpgroup_gemm {
+template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3, int Warpgroups = 1>
+struct warpgroup_gemm {
+  static constexpr int WG = Warpgroups, threads = 128 * Warpgroups, rows = BM / Warpgroups;
   static constexpr int A = wgmma_type<TA>::id, B = wgmma_type<TB>::id;
   static constexpr bool is16 = (A == F16 || A == BF16) && A == B;
   static constexpr bool is8 = (A == E4M3 || A == E5M2) && (B == E4M3 || B == E5M2);
   static constexpr bool types_ok = ((is16 || is8 || (A == TF32 && B == TF32)) && detail::same<TAcc, float>) ||
                                    (A == S8 && B == S8 && detail::same<TAcc, int>);
-  static constexpr bool supported = detail::arch_ok && types_ok && BM % 64 == 0 && BM > 0 &&
-                                    BN % 64 == 0 && BN > 0 && BN <= 256 && Stages >= 2;
-  static constexpr int acc_per_thread = BM * BN / 128;
+  static constexpr bool supported = detail::arch_ok && types_ok && WG >= 1 && rows % 64 == 0 && rows > 0 &&
+                                    BM <= 256 && BN % 64 == 0 && BN > 0 && BN <= 256 && Stages >= 2;
+  static constexpr int acc_per_thread = rows * BN / 128;
   static constexpr int stage_bytes = (BM + BN) * 128;
   // + 1024 to align the stages to the swizzle atoms, + 512 for the mbarriers and two tensor maps
   static constexpr int smem_bytes = Stages * stage_bytes + 1024 + 512;
   static constexpr int BK = 128 / sizeof(TA);                     // K elements per stage
 
   __device__ static void coord(int i, int t, int& row, int& col) {
-    const int mi = i / (BN / 2), j = i % (BN / 2), w = t >> 5, l = t & 31;
-    row = mi * 64 + w * 16 + (l >> 2) + 8 * ((j >> 1) & 1);
+    const int mi = i / (BN / 2), j = i % (BN / 2), w = (t >> 5) & 3, l = t & 31;
+    row = (t >> 7) * rows + mi * 64 + w * 16 + (l >> 2) + 8 * ((j >> 1) & 1);
     col = (j >> 2) * 8 + (l & 3) * 2 + (j & 1);
   }
 
@@ -425,17 +427,18 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
  private:
   // One K step of MMAs from the stage at a_tile / b_tile (4 wgmmas of 32 bytes of K per 64 rows).
   template <bool KA, bool KB>
-  __device__ static void mma_stage(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile) {
+  __device__ static void mma_stage(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile, int block0) {
     using namespace detail;
 #pragma unroll
     for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const unsigned long long db = stager<TB, BN, KB>::desc(b_tile, 0, kk);
+      const unsigned long long db = stager<TB, BN, KB, threads>::desc(b_tile, 0, kk);
 #pragma unroll
-      for (int mi = 0; mi < BM / 64; ++mi)
-        mma<BN, A, B, KA ? 0 : 1, KB ? 0 : 1>(acc + mi * (BN / 2), stager<TA, BM, KA>::desc(a_tile, mi, kk), db, 1);
+      for (int mi = 0; mi < rows / 64; ++mi)
+        mma<BN, A, B, KA ? 0 : 1, KB ? 0 : 1>(acc + mi * (BN / 2),
+                                              stager<TA, BM, KA, threads>::desc(a_tile, block0 + mi, kk), db, 1);
     }
     wgmma_commit();
 #pragma unroll
@@ -446,20 +449,22 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
   __device__ static void run_as(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
                                 long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate) {
     using namespace detail;
-    const int linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    const int t = linear & 127, wg = linear >> 7;
+    const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    // t: thread in the group of WG warpgroups that shares the tile; block0: this warpgroup's
+    // first 64-row block of A
+    const int t = linear % threads, group = linear / threads, block0 = WG == 1 ? 0 : (t >> 7) * (rows / 64);
     unsigned dynamic;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
     // Too little shared memory would corrupt the caller's: trap (no printf: any call in the
     // kernel makes ptxas serialise every wgmma, warning C7510).
-    if (dynamic < unsigned((wg + 1) * smem_bytes)) __trap();
+    if (dynamic < unsigned((group + 1) * smem_bytes)) __trap();
     extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
-    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + wg * smem_bytes + 1023) & ~1023u;
+    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + group * smem_bytes + 1023) & ~1023u;
     const unsigned extra = base + Stages * stage_bytes;  // full[S], empty[S], slot word, 2 maps
-    const int barrier = 1 + wg;
+    const int barrier = 1 + group;
 
-    const stager<TA, BM, KA> sa(A_, a_rs, a_cs, m_valid);
-    const stager<TB, BN, KB> sb(B_, b_cs, b_rs, n_valid);
+    const stager<TA, BM, KA, threads> sa(A_, a_rs, a_cs, m_valid);
+    const stager<TB, BN, KB, threads> sb(B_, b_cs, b_rs, n_valid);
     if (!accumulate) {
 #pragma unroll
       for (int i = 0; i < acc_per_thread; ++i) acc[i] = TAcc(0);
@@ -503,11 +508,11 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
 #pragma unroll
         for (int s = 0; s < Stages; ++s) {
           mbar_init(full + 8 * s, 1);
-          mbar_init(empty + 8 * s, 4);
+          mbar_init(empty + 8 * s, 4 * WG);  // one arrival per warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       }
-      warpgroup_barrier(barrier);
+      named_barrier(barrier, threads);
       if (t == 0) {
         for (int s = 0; s < Stages && s < tiles; ++s) {
           mbar_expect_tx(full + 8 * s, stage_bytes);
@@ -519,7 +524,7 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
       for (int kt = 0; kt < tiles; ++kt) {
         const int s = kt % Stages;
         mbar_wait(full + 8 * s, (kt / Stages) & 1);
-        mma_stage<KA, KB>(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes);
+        mma_stage<KA, KB>(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0);
         wgmma_wait<1>();  // tile kt - 1's MMAs are done: its stage can be refilled
         if (kt > 0) {
           const int ps = (kt - 1) % Stages, next = kt - 1 + Stages;
@@ -535,7 +540,7 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
-      warpgroup_barrier(barrier);  // every copy landed and was read: barriers and slot are free
+      named_barrier(barrier, threads);  // every copy landed and was read: barriers and slot are free
       if (t == 0) {
 #pragma unroll
         for (int s = 0; s < Stages; ++s) {
@@ -559,9 +564,9 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
     for (int kt = 0; kt < tiles; ++kt) {
       cp_async_wait<Stages - 2>();  // this thread's copies of tile kt have landed
       fence_proxy_async();
-      warpgroup_barrier(barrier);   // everyone's have; and every warp finished tile kt - 1's MMAs
+      named_barrier(barrier, threads);   // everyone's have; and every warp finished tile kt - 1's MMAs
       const unsigned a_tile = base + (kt % Stages) * stage_bytes;
-      mma_stage<KA, KB>(acc, a_tile, a_tile + sa.bytes);
+      mma_stage<KA, KB>(acc, a_tile, a_tile + sa.bytes, block0);
       // While the tensor cores run tile kt, copy tile kt + Stages - 1 into the stage tile kt - 1
       // left (its MMAs finished before the barrier above).
       const int next = kt + Stages - 1;
@@ -575,7 +580,7 @@ template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3> struct
       for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
     }
     cp_async_wait<0>();
-    warpgroup_barrier(barrier);  // the stages may be refilled by the next run
+    named_barrier(barrier, threads);  // the stages may be refilled by the next run
   }
 };
 
