@@ -261,7 +261,7 @@ SIMDGROUP_GEMM = """
   simdgroup_matrix<T, 8, 8> acc[2][2];
   for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<T, 8, 8>(T(0));
   for (int k = 0; k < K; k += 8) {
-    simdgroup_matrix<T, 8, 8> fa[2], fb[2];
+    simdgroup_matrix<TI, 8, 8> fa[2], fb[2];
     for (int i = 0; i < 2; ++i) {
       fa[i].thread_elements()[0] = a[(row0 + 8 * i + fm) * K + k + fn];
       fa[i].thread_elements()[1] = a[(row0 + 8 * i + fm) * K + k + fn + 1];
@@ -280,16 +280,18 @@ SIMDGROUP_GEMM = """
 """
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_simdgroup_matrix_gemm(device, dtype):
+@pytest.mark.parametrize("dtype,acc", [(torch.float32, torch.float32), (torch.float16, torch.float16),
+                                       (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)])
+def test_simdgroup_matrix_gemm(device, dtype, acc):
+    """Fragments of dtype into accumulators of acc (MLX: half fragments, float accumulators)."""
     M, N, K = 64, 32, 24
     k = kk.metal_kernel("tops_sg_gemm", ["a", "b"], ["c", "extra"], SIMDGROUP_GEMM,
                         header="#include <metal_simdgroup_matrix>\n")
     a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
-    c, extra = k(inputs=[a, b], output_shapes=[(M, N), (8, 8)], output_dtypes=[dtype, dtype],
+    c, extra = k(inputs=[a, b], output_shapes=[(M, N), (8, 8)], output_dtypes=[acc, acc],
                  grid=(128 * (N // 32), M // 32, 1), threadgroup=(128, 1, 1),
-                 template=[("T", dtype), ("N", N), ("K", K)])
-    tol = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 8e-2}[dtype]
+                 template=[("T", acc), ("TI", dtype), ("N", N), ("K", K)])
+    tol = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 8e-2}[acc]
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=tol, atol=tol)
     torch.testing.assert_close(extra.double(), 2 * a[:8, :8].double().T, rtol=tol, atol=tol)
 

@@ -8,7 +8,8 @@
 // a product together, as Metal requires; it is computed in float and rounded to T once. On the CPU
 // each lane reads the row and columns it needs from the lanes that hold them; on NVIDIA (sm_80+)
 // the operands are moved into an m16n8k8 mma.sync fragment (rows 8..15 zero) by five shuffles and
-// the result back by one (half, bfloat: f16 / bf16 inputs; float: 3xTF32, fp32 accuracy).
+// the result back by one (half, bfloat: f16 / bf16 inputs; float: 3xTF32, fp32 accuracy), for a and
+// b of one type and any accumulator (MLX steel: half fragments into float).
 #pragma once
 
 namespace metal {
@@ -97,23 +98,24 @@ KK_FN void simdgroup_product(float (&out)[2], const simdgroup_matrix<TA, 8, 8>& 
 }  // namespace kk_detail
 
 #if defined(KK_TARGET_CUDA) && defined(KK_TOPS_MMA_SYNC)
-// d = a * b + c on one m16n8k8 mma.sync (T for all four); the PTX fragment's lane l: g = l / 4, t = l % 4.
-template <class T>
-KK_FN void simdgroup_mma(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matrix<T, 8, 8>& a,
-                         const simdgroup_matrix<T, 8, 8>& b, const float (&c)[2], const kk::site& s) {
-  using M = simdgroup_matrix<T, 8, 8>;
+// d = a * b + c on one m16n8k8 mma.sync (a and b of one type I; c in float, this lane's pair);
+// the PTX fragment's lane l: g = l / 4, t = l % 4.
+template <class T, class I>
+KK_FN void simdgroup_mma(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matrix<I, 8, 8>& a,
+                         const simdgroup_matrix<I, 8, 8>& b, const float (&c)[2], const kk::site& s) {
+  using M = simdgroup_matrix<I, 8, 8>;
   kk::tops::check_scope(1, s);
   const int l = int(kk::tops::lane_id()), g = l >> 2, t = l & 3;
-  const auto bits = [](const T& x) { return *reinterpret_cast<const unsigned short*>(&x); };
+  const auto bits = [](const I& x) { return *reinterpret_cast<const unsigned short*>(&x); };
   // c(g, 2t), c(g, 2t + 1): the pair of lane (g, 2t)
   const float c0 = kk::tops::lane_read(c[0], M::lane_of(g, 2 * t), s);
   const float c1 = kk::tops::lane_read(c[1], M::lane_of(g, 2 * t), s);
   float acc[4] = {c0, c1, 0.0f, 0.0f};
-  constexpr kk::tops::kind K = kk::tops::kind_of<T>;
+  constexpr kk::tops::kind K = kk::tops::kind_of<I>;
   if constexpr (K == kk::tops::kind::f32) {
     // A: (g, t), (g, t + 4); B: (t, g), (t + 4, g); each the element c % 2 of its lane's pair
-    const vec<T, 2> a0 = kk::tops::lane_read(a.e, M::lane_of(g, t), s), a2 = kk::tops::lane_read(a.e, M::lane_of(g, t + 4), s);
-    const vec<T, 2> b0 = kk::tops::lane_read(b.e, M::lane_of(t, g), s), b1 = kk::tops::lane_read(b.e, M::lane_of(t + 4, g), s);
+    const vec<I, 2> a0 = kk::tops::lane_read(a.e, M::lane_of(g, t), s), a2 = kk::tops::lane_read(a.e, M::lane_of(g, t + 4), s);
+    const vec<I, 2> b0 = kk::tops::lane_read(b.e, M::lane_of(t, g), s), b1 = kk::tops::lane_read(b.e, M::lane_of(t + 4, g), s);
     const float x[2] = {a0[t & 1], a2[t & 1]}, y[2] = {b0[g & 1], b1[g & 1]};
     unsigned ah[4] = {0, 0, 0, 0}, al[4] = {0, 0, 0, 0}, bh[2], bl[2];
     for (int i = 0; i < 2; ++i) {
@@ -126,10 +128,10 @@ KK_FN void simdgroup_mma(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matrix<T,
     kk::tops::mma<kk::tops::mma_shape::tf32>(acc, ah, bl);
   } else {
     // A: the pair (g, 2t), (g, 2t + 1); B: (2t, g), (2t + 1, g)
-    const vec<T, 2> a0 = kk::tops::lane_read(a.e, M::lane_of(g, 2 * t), s);
-    const vec<T, 2> b0 = kk::tops::lane_read(b.e, M::lane_of(2 * t, g), s), b1 = kk::tops::lane_read(b.e, M::lane_of(2 * t + 1, g), s);
-    const T bk0 = b0[g & 1], bk1 = b1[g & 1];
-    const T ak0 = a0[0], ak1 = a0[1];
+    const vec<I, 2> a0 = kk::tops::lane_read(a.e, M::lane_of(g, 2 * t), s);
+    const vec<I, 2> b0 = kk::tops::lane_read(b.e, M::lane_of(2 * t, g), s), b1 = kk::tops::lane_read(b.e, M::lane_of(2 * t + 1, g), s);
+    const I bk0 = b0[g & 1], bk1 = b1[g & 1];
+    const I ak0 = a0[0], ak1 = a0[1];
     const unsigned ar[2] = {kk::tops::pack16(bits(ak0), bits(ak1)), 0u}, br = kk::tops::pack16(bits(bk0), bits(bk1));
     if constexpr (K == kk::tops::kind::f16)
       asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
@@ -152,7 +154,7 @@ KK_FN void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, const sim
                                          kk::site s = KK_TOPS_SITE("simdgroup_multiply_accumulate")) {
   float out[2] = {float(c.e[0]), float(c.e[1])};
 #if defined(KK_TARGET_CUDA) && defined(KK_TOPS_MMA_SYNC)
-  if constexpr (kk::tops::is_same_v<T, TA> && kk::tops::is_same_v<T, TB>) return simdgroup_mma(d, a, b, out, s);
+  if constexpr (kk::tops::is_same_v<TA, TB>) return simdgroup_mma(d, a, b, out, s);
 #endif
   kk_detail::simdgroup_product<T>(out, a, b, s);
   d.e[0] = T(out[0]);
@@ -163,7 +165,7 @@ KK_FN void simdgroup_multiply(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matr
                               const simdgroup_matrix<TB, 8, 8>& b, kk::site s = KK_TOPS_SITE("simdgroup_multiply")) {
   float out[2] = {0.0f, 0.0f};
 #if defined(KK_TARGET_CUDA) && defined(KK_TOPS_MMA_SYNC)
-  if constexpr (kk::tops::is_same_v<T, TA> && kk::tops::is_same_v<T, TB>) return simdgroup_mma(d, a, b, out, s);
+  if constexpr (kk::tops::is_same_v<TA, TB>) return simdgroup_mma(d, a, b, out, s);
 #endif
   kk_detail::simdgroup_product<T>(out, a, b, s);
   d.e[0] = T(out[0]);
