@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import math
 import os
 import re
 import shutil
@@ -52,6 +53,7 @@ _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = re.compile(r"(?P<stem>[0-9a-f]{64}\.[a-z]+)(?P<extra>\.src|\.sha256)?")
 _TEMP = re.compile(r"\.tmp-[a-z0-9_]{8}")  # tempfile.mkstemp(prefix=".tmp-")
 _LOADING = re.compile(r"\.load-[a-z0-9_]{8}")  # private_dir(): a library's copy while it loads
+_RECOUNT = 600  # seconds between counts of the cache's size by one process (DiskCache.write)
 _LOADING_LEFT_AFTER = 3600  # seconds: older ones are a crashed process's, which clear removes
 _SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -371,6 +373,11 @@ class DiskCache:
         self.directory = root / __version__
         self.refused = refused  # why the configured directory was not used (a fallback's), or None
         self._secret: bytes | None = None
+        # Bytes of all entries as last counted plus what this process wrote since, and when they
+        # were counted: a count walks every entry (~0.1 s for thousands), so it is made on this
+        # process's first write, when the estimate passes the cap, and every _RECOUNT seconds
+        # (other processes write too).
+        self._size, self._counted = 0, -math.inf
 
     def path(self, key: str, suffix: str) -> Path:
         return self.directory / key[:2] / (key + suffix)
@@ -413,13 +420,14 @@ class DiskCache:
             _atomic_write(path, _MAGIC + _mac(self._secret, key, suffix, binary) + binary)
         except OSError:
             return False
-        if limit is not None:
-            self.evict(limit, keep=path)
+        self._size += _HEADER + len(binary) + len(source)
+        if limit is not None and (self._size > limit or time.monotonic() > self._counted + _RECOUNT):
+            self._size, self._counted = self.evict(limit, keep=path), time.monotonic()
         return True
 
-    def evict(self, limit: int, keep: Path) -> None:
+    def evict(self, limit: int, keep: Path) -> int:
         """Remove the least recently used entries of every kernelkit version under the root until
-        they fit in `limit` bytes; never `keep` (the entry just written)."""
+        they fit in `limit` bytes; never `keep` (the entry just written). The bytes left."""
         found = entries(self.root)
         total = sum(e.size for e in found)
         for e in sorted(found, key=lambda e: e.used):
@@ -427,9 +435,10 @@ class DiskCache:
                 break
             if e.path == keep:
                 continue
-            for f in sorted(e.files, key=lambda f: f != e.path):  # the binary first: no half entry is used
+            for f in sorted(e.files, key=lambda f: f != e.path):  # the binary first: never half an entry
                 _unlink(f)
             total -= e.size
+        return total
 
 
 def _warn(message: str) -> None:
