@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
+import shutil
 import statistics
+import subprocess
 
 import torch
 
@@ -176,6 +179,26 @@ def case(size: int, dtype, layout: str, variants: list, iters: int, rounds: int)
     return rows
 
 
+def sass_summary() -> list:
+    """Per compiled kernel of this benchmark (kernelkit's disk cache), how many tensor-core,
+    TMA and cp.async instructions its SASS holds (cuobjdump), and one HGMMA/QGMMA line."""
+    from kernelkit.cache import cache_dir
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        return []
+    rows = []
+    for cubin in sorted(cache_dir().rglob("*.cubin")):
+        text = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True).stdout
+        name = re.search(r"Function : (kk_wgmma\w+)", text)
+        if name is None:
+            continue
+        ops = {op: len(re.findall(rf"\b{op}\b", text)) for op in
+               ("HGMMA", "QGMMA", "UTMALDG", "LDGSTS", "UTMACCTL")}
+        line = re.search(r"[HQ]GMMA\.\S+[^\n]*", text)
+        rows.append(dict(kernel=name.group(1), **ops, example=line.group(0)[:90] if line else ""))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
@@ -187,6 +210,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument("--sass", action="store_true", help="count HGMMA/QGMMA/TMA in each kernel's SASS")
     args = p.parse_args()
     use_sm90a()
     variants = []
@@ -206,9 +230,12 @@ def main() -> None:
                 torch.cuda.empty_cache()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"))
+    sass = sass_summary() if args.sass else []
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            json.dump(dict(meta=meta, rows=rows, sass=sass), f, indent=1)
+    for r in sass:
+        print(r)
     print(meta)
     print(f"{'size':>5} {'dtype':>14} {'lay':>3} {'kernel':<35} {'ms':>8} {'TFLOP/s':>8} {'of base':>7} {'rel err':>8}")
     for r in rows:

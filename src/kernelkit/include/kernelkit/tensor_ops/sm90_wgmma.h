@@ -1,58 +1,71 @@
-// kernelkit/tensor_ops/sm90_wgmma.h: one Hopper warpgroup computes a BM x BN tile of A * B on the
-// tensor cores (wgmma, sm_90a), its operands staged from device memory through shared memory.
+// kernelkit/tensor_ops/sm90_wgmma.h: Hopper warpgroups compute a BM x BN tile of A * B on the
+// tensor cores (wgmma, sm_90a), the operands staged from device memory through shared memory.
 //
 // The contract (what tensor_ops' matmul2d codes against; refined from the first draft: the
-// shared-memory slice, `smem_bytes` and the optional Stages argument are new):
+// Stages and Warpgroups arguments, smem_bytes and the shared-memory slices are new):
 //
 //   namespace kk::tops::sm90 {
-//   template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3>
+//   template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3, int Warpgroups = 1>
 //   struct warpgroup_gemm {
 //     static constexpr bool supported;       // false where this path cannot take the types/shape
-//     static constexpr int acc_per_thread;   // BM * BN / 128 accumulators per thread
-//     static constexpr int smem_bytes;       // dynamic shared memory one warpgroup's run needs
-//     __device__ static void coord(int i, int thread_in_warpgroup, int& row, int& col);
+//     static constexpr int acc_per_thread;   // (BM / Warpgroups) * BN / 128 per thread
+//     static constexpr int smem_bytes;       // dynamic shared memory one tile group's run needs
+//     __device__ static void coord(int i, int thread_in_group, int& row, int& col);
 //     __device__ static void run(TAcc (&acc)[acc_per_thread], const TA* A, long a_rs, long a_cs,
 //                                const TB* B, long b_rs, long b_cs, int m_valid, int n_valid,
 //                                int K, bool accumulate);
 //   };
 //   }
 //
-// - Called by all 128 threads of one warpgroup (4 consecutive warps starting at warp 4w) of a
-//   threadgroup of 128 * W threads; warpgroups call it independently (no threadgroup-wide
-//   barrier: warpgroup w synchronises on named barrier 1 + w, so W <= 15).
+// - A group of Warpgroups consecutive warpgroups (128 threads each, warps 4w..4w+3) calls run
+//   together, every thread of them; warpgroup g of the group computes rows
+//   [g * BM / Warpgroups, (g + 1) * BM / Warpgroups) of the tile, and the group shares each
+//   stage of B. Warpgroups = 1 is the talk's threadgroup of 128 threads (execution_simdgroups<4>);
+//   2 is a 256-thread threadgroup (execution_simdgroups<8>). Groups of one threadgroup are
+//   independent: group j synchronises on named barrier 1 + j only (so at most 15 groups).
 // - acc (+)= A[0:m_valid, 0:K] * B[0:K, 0:n_valid]: element (m, k) of A is A[m * a_rs + k * a_cs],
 //   (k, n) of B is B[k * b_rs + n * b_cs], any strides; rows >= m_valid, cols >= n_valid and
-//   k >= K read as zero. accumulate = false starts from zero. Row i of acc's tile is row i of A.
-// - Shared memory: warpgroup w uses bytes [w * smem_bytes, (w + 1) * smem_bytes) of the
-//   kernel's dynamic shared memory (cuda_kernel's shared_memory=, or the launcher's carve-out
-//   for tensor-op kernels); run traps (the launch fails) when %dynamic_smem_size is smaller.
-//   A function call anywhere in the kernel (printf, a non-inlined function) makes ptxas
+//   k >= K read as zero. accumulate = false starts from zero.
+// - coord(i, t, row, col): accumulator i of thread t (0 .. 128 * Warpgroups - 1 in the group)
+//   holds tile element (row, col). Accumulators 2j and 2j + 1 are (row, col) and (row, col + 1),
+//   so an epilogue stores pairs. Index acc only with compile-time constants (unrolled loops).
+// - Shared memory: group j uses bytes [j * smem_bytes, (j + 1) * smem_bytes) of the kernel's
+//   dynamic shared memory (cuda_kernel's shared_memory=, or the launcher's carve-out for
+//   tensor-op kernels); a body's own dynamic shared memory lies past the groups' slices. run
+//   traps (the launch fails) when %dynamic_smem_size is smaller. smem_bytes =
+//   Stages * (BM + BN) * 128 + 1536.
+// - Global memory: 1 MiB of tensor maps per loaded module (__device__ arrays; a slot per group
+//   in flight, claimed per SM with an atomic and released at the end of run).
+// - A function call anywhere in the kernel (printf, a non-inlined function) makes ptxas
 //   serialise the wgmmas (warning C7510): keep calls out of kernels that use run.
-//   A body's own dynamic shared memory must lie past the warpgroups' slices.
-// - coord(i, t, row, col): accumulator i of thread t (0..127 in the warpgroup) holds tile element
-//   (row, col). Accumulators 2j and 2j + 1 are (row, col) and (row, col + 1), so an epilogue
-//   stores pairs. Index acc only with compile-time constants (unrolled loops), else it leaves
-//   the registers.
 // - Types (TA, TB -> TAcc): __half / __half, __nv_bfloat16 / __nv_bfloat16 -> float (HGMMA);
 //   __nv_fp8_e4m3 / __nv_fp8_e5m2 in any pair -> float (QGMMA); float / float -> float as tf32;
-//   int8_t / int8_t -> int (IGMMA). Specialise wgmma_type<T> to map another 16-bit/8-bit type.
-// - Shapes: BM a multiple of 64, BN in {64, 128, 192, 256}; BM * BN / 128 accumulators per
-//   thread must fit in registers beside ~40 others: 128x128 (128 accumulators) is the tile for
-//   one warpgroup, with Stages = 3 two threadgroups fit on an SM (2 x 97 KB of shared memory),
-//   which is how the tensor cores stay busy while one warpgroup waits or stores.
+//   signed char / signed char -> int (IGMMA). Specialise wgmma_type<T> to map another type.
+// - Shapes: BM / Warpgroups a multiple of 64, BM <= 256, BN in {64, 128, 192, 256}. Registers:
+//   acc_per_thread + ~100 must stay under 255: 128 accumulators (128x128 a warpgroup) for 16-bit
+//   types, whose run holds four mainloops (either majorness of A and B), up to 192 (128x192)
+//   for fp8 / tf32 / int8 (K-major only, one mainloop). Check ptxas's spill report.
 //
-// Decisions (bench/notes/sm90_wgmma.md has the measurements):
-// (a) Staging: cp.async (LDGSTS, 16-byte, zero-filling past the edges) into the 128-byte-swizzle
-//     layout wgmma reads, in a Stages-deep ring with one barrier per K step. TMA needs a
-//     CUtensorMap per operand, which a body holding raw pointers does not have; cp.async needs
-//     no host involvement and takes any stride. Where an operand's contiguous dimension is not
-//     16-byte aligned (odd strides, unaligned base) the stage is filled element by element.
+// Decisions (bench/notes/sm90_wgmma.md has the measurements, H100):
+// (a) Staging: TMA (cp.async.bulk.tensor, 128-byte swizzle, zero fill past the edges) with full
+//     and empty mbarriers, Stages deep, one thread issuing, one MMA group in flight. The
+//     CUtensorMaps are made on the device, as Triton's device-side descriptors are: zeroed in
+//     shared memory, every field set by tensormap.replace from run's pointer, sizes and strides,
+//     copied to a global slot (tensormap.cp_fenceproxy); no host involvement. Operands TMA
+//     cannot take (contiguous side not stride 1, rows or base not 16-byte aligned) go through
+//     cp.async (16-byte LDGSTS with zero fill, or element by element) into the same layout.
+//     Measured at 8192^3 bf16, 128x128: TMA 527 TFLOP/s, cp.async 361.
 // (b) Operand majorness: 16-bit operands whose M (N) stride is 1 are staged MN-major and read
 //     with wgmma's transpose bit, so row-major B (K x N) costs nothing; fp8, tf32 and int8 have
 //     no transpose in wgmma: a non-K-major operand of those types is transposed by the
 //     element-wise path (correct, slow: store fp8 weights K-major, as torch._scaled_mm wants).
-// (c) Rasterisation is the caller's: grouping ~16 M tiles per column of N tiles keeps the
-//     operands of the threadgroups in flight in L2 (the benchmark's body shows it).
+// (c) Tiles: the bound is operand bytes from L2 into the SMs (~8.2 TB/s measured): a tile reads
+//     (BM + BN) * 2 bytes per 2 * BM * BN FLOP per K element. One warpgroup's 128x128 (64
+//     FLOP/byte) caps bf16 at ~530 TFLOP/s, ~68% of cuBLAS; two warpgroups sharing B in
+//     256x128 (85 FLOP/byte) reach 644. With one warpgroup, Stages = 3 fits two threadgroups an
+//     SM (2 x 97.5 KB), Stages = 4 one; both measure the same. fp8: 128x192, Stages = 4.
+// (d) Rasterisation is the caller's: bands of 16 tile rows walked down their columns (the
+//     benchmark's body) keep the threadgroups in flight on shared rows of A and columns of B.
 #pragma once
 
 #if defined(KK_TARGET_CUDA)
