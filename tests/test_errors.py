@@ -77,7 +77,7 @@ def test_template_name_colliding_with_a_parameter(k):
 
 
 def test_bad_names():
-    with pytest.raises(ValueError, match="is not a usable C\\+\\+ identifier"):
+    with pytest.raises(ValueError, match="is not a C\\+\\+ identifier"):
         kk.metal_kernel(name="k", input_names=["a b"], output_names=["out"], source="")
     with pytest.raises(ValueError, match="named both as input and output"):
         kk.metal_kernel(name="k", input_names=["x"], output_names=["x"], source="")
@@ -85,6 +85,20 @@ def test_bad_names():
         kk.metal_kernel(name="k", input_names=["grid_size"], output_names=["o"], source="")
     with pytest.raises(TypeError, match="input_names must be a list of strings"):
         kk.metal_kernel(name="k", input_names="x", output_names=["o"], source="")
+
+
+@pytest.mark.parametrize("name, why", [
+    *((n, "is a C\\+\\+ or Metal keyword") for n in ("static_assert", "thread_local", "alignas",
+                                                   "requires", "co_await", "threadgroup", "kernel")),
+    *((n, "is a type, macro or namespace the kernel's prelude defines")
+      for n in ("NULL", "uint3", "float4", "half2", "size_t", "INFINITY", "metal", "threadIdx")),
+    *((n, "is reserved \\(.*\\)") for n in ("KK_FN", "kk_args", "__x", "_Tmp"))])
+def test_reserved_names_are_refused_with_the_reason(name, why):
+    for names in (dict(input_names=[name], output_names=["o"]), dict(input_names=[], output_names=[name])):
+        with pytest.raises(ValueError, match=f"'{name}' {why}; choose another name"):
+            kk.metal_kernel(name="k", source="", **names)
+    with pytest.raises(ValueError, match=f"kernel name '{name}' {why}"):
+        kk.cuda_kernel(name=name, input_names=[], output_names=["o"], source="")
 
 
 def test_compile_options_checked():

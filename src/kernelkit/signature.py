@@ -34,15 +34,28 @@ ATTRIBUTES = {
 }
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_CPP_RESERVED = {"int", "float", "double", "char", "bool", "void", "auto", "const", "static",
-                 "struct", "class", "template", "typename", "return", "if", "else", "for", "while",
-                 "do", "switch", "case", "default", "break", "continue", "sizeof", "new",
-                 "delete", "this", "true", "false", "namespace", "using", "unsigned", "signed",
-                 "short", "long", "volatile", "inline", "operator", "union", "enum", "goto",
-                 "and", "or", "not", "xor", "bitand", "bitor", "compl", "private", "public",
-                 "protected", "virtual", "friend", "typedef", "extern", "register", "throw",
-                 "try", "catch", "nullptr", "constexpr", "decltype", "noexcept", "mutable",
-                 "device", "constant", "thread", "threadgroup", "kernel", "half", "uint"}
+# C++20's keywords and alternative tokens, and MSL's address spaces and attribute words.
+_KEYWORDS = frozenset("""
+alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
+co_return co_yield decltype default delete do double dynamic_cast else enum explicit export extern
+false float for friend goto if inline int long mutable namespace new noexcept not not_eq nullptr
+operator or or_eq private protected public register reinterpret_cast requires return short signed
+sizeof static static_assert static_cast struct switch template this thread_local throw true try
+typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
+device constant thread threadgroup threadgroup_imageblock ray_data object_data kernel vertex
+fragment visible stitchable
+""".split())
+# Names the preludes (kernelkit/metal.h, kernelkit/cuda.h and their targets) define: types,
+# macros and namespaces a parameter of that name would hide or break.
+_VECTOR_BASES = ("bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half",
+                 "float", "double", "bfloat")
+_PRELUDE_NAMES = frozenset("""
+half bfloat bfloat16_t float16_t uchar ushort ulong uint size_t ptrdiff_t intptr_t uintptr_t
+int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t dim3 uint3 metal std mpp cg
+NULL INFINITY NAN MAXFLOAT HUGE_VALF HUGE_VAL FLT_MAX FLT_MIN DBL_MAX INT_MAX INT_MIN UINT_MAX
+METAL_FUNC WARP_SIZE threadIdx blockIdx blockDim gridDim warpSize elem_to_loc ceildiv
+""".split()) | {f"{b}{n}" for b in _VECTOR_BASES for n in (2, 3, 4)}
 # How fastcall.cpp fills each field of the argument block (the order of its FieldKind).
 FILL_KINDS = ("input_pointer", "output_pointer", "bool_value", "int_value", "float_value", "shape",
               "strides", "ndim")
@@ -51,11 +64,19 @@ NDIM_CAPACITY = 8
 
 
 def check_identifier(name, what: str, caller: str) -> str:
-    if not isinstance(name, str) or not _IDENT.match(name) or name in _CPP_RESERVED:
-        raise ValueError(f"[{caller}] {what} {name!r} is not a usable C++ identifier.")
-    if name.startswith("kk_") or name.startswith("__"):
-        raise ValueError(f"[{caller}] {what} {name!r}: names starting with 'kk_' or '__' "
-                         "are reserved for generated code.")
+    """name, if the generated code can declare it; else ValueError saying why not."""
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise ValueError(f"[{caller}] {what} {name!r} is not a C++ identifier (letters, digits "
+                         "and '_', not starting with a digit).")
+    why = None
+    if name in _KEYWORDS:
+        why = "is a C++ or Metal keyword"
+    elif name in _PRELUDE_NAMES:
+        why = "is a type, macro or namespace the kernel's prelude defines"
+    elif name.lower().startswith("kk_") or name.startswith("__") or re.match(r"_[A-Z]", name):
+        why = "is reserved ('kk_'/'KK_' names are kernelkit's, '__' and '_X' names the compiler's)"
+    if why:
+        raise ValueError(f"[{caller}] {what} {name!r} {why}; choose another name.")
     return name
 
 

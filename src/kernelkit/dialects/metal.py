@@ -182,8 +182,32 @@ def compile_flags(target: str, math_mode: str) -> list[str]:
 
 
 def open_unit(header: str, body: str) -> list[str]:
-    """The user's header goes inside namespace metal, where MSL's names hide the target's."""
-    return [f"namespace {NAMESPACE} {{", '#line 1 "header"', header]
+    """The user's header goes inside namespace metal, where MSL's names hide the target's; its
+    includes of other than Metal's headers (<cstdio>, <vector>...) are made first, at global scope,
+    where the C++ library must be declared (each keeps its line for messages)."""
+    hoisted, header = _hoist_includes(header)
+    return [*hoisted, f"namespace {NAMESPACE} {{", '#line 1 "header"', header]
+
+
+_INCLUDE = re.compile(r"\s*#\s*include\s*[<\"]([^>\"]+)[>\"]")
+_CONDITIONAL = re.compile(r"\s*#\s*(if|ifdef|ifndef|endif)\b")
+_METAL_HEADER = re.compile(r"metal_\w+|MetalPerformancePrimitives/.*|kernelkit/.*")
+
+
+def _hoist_includes(header: str) -> tuple[list[str], str]:
+    """(#line + #include lines for global scope, the header with those lines left blank). Only
+    unconditional includes move: one under #if stays where it is, as written."""
+    hoisted, lines, depth = [], header.split("\n"), 0
+    for i, line in enumerate(lines):
+        m = _CONDITIONAL.match(line)
+        if m:
+            depth += -1 if m.group(1) == "endif" else 1
+            continue
+        m = _INCLUDE.match(line)
+        if m and depth == 0 and not _METAL_HEADER.fullmatch(m.group(1)):
+            hoisted += [f'#line {i + 1} "header"', line]
+            lines[i] = ""
+    return hoisted, "\n".join(lines)
 
 
 def kernel_function(fn: str, sig, body: str) -> list[str]:
