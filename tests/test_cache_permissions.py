@@ -127,7 +127,7 @@ def test_a_read_only_cache_never_loads_a_bad_entry(place, warm_cache, monkeypatc
         print("ok")
     """, cache, home, warm_cache)
     assert r.stdout.strip() == "ok", r.stderr
-    assert "RuntimeWarning" not in r.stderr, r.stderr  # read-only is not untrusted
+    assert "not using the compile cache" not in r.stderr, r.stderr  # read-only is not untrusted
     assert {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()} == before
     assert folder.is_dir()
 
@@ -141,13 +141,10 @@ def test_a_cache_directory_of_another_user_is_refused(place, warm_cache):
     theirs = top / "theirs"
     theirs.mkdir(mode=0o755)
     r = unprivileged("""
-        import stat, warnings
+        import stat
         from pathlib import Path
         os.umask(0)
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            call("refused", 6.0)
-        print(*(str(w.message) for w in said), sep="\\n", file=sys.stderr)
+        call("refused", 6.0)  # kernelkit's warning goes to stderr (logging's last resort)
         own = Path(os.environ["XDG_CACHE_HOME"]) / "kernelkit"
         for d in (own, own / kk.__version__, *own.glob(kk.__version__ + "/??")):
             assert stat.S_IMODE(d.stat().st_mode) == 0o700, d

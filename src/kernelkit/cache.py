@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import logging
 import math
 import os
 import re
@@ -28,7 +29,6 @@ import stat
 import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -442,13 +442,13 @@ class DiskCache:
 
 
 def _warn(message: str) -> None:
-    warnings.warn(f"kernelkit: {message}", RuntimeWarning, stacklevel=2)
+    logging.getLogger("kernelkit").warning("kernelkit: %s", message)
 
 
-def _open(configured: Path) -> DiskCache | None:
+def _open(configured: Path) -> DiskCache | str:
     """The configured root if this user owns it and nobody else can write it, else the first
     such of the user's default cache directory and a per-user directory in the temporary
-    directory (with a warning); None (no disk cache, with a warning) where none is."""
+    directory (with a warning); where none is, why (also warned: there is no disk cache)."""
     candidates = {configured: not os.environ.get("KERNELKIT_CACHE_DIR")}  # root: kernelkit's own
     for fallback in (_default_dir(), Path(tempfile.gettempdir()) / f"kernelkit-cache-{os.geteuid()}"):
         candidates.setdefault(fallback, True)
@@ -467,10 +467,10 @@ def _open(configured: Path) -> DiskCache | None:
                       "KERNELKIT_CACHE_DIR to a directory that only you can write (mode 0700).")
             return DiskCache(root, refused)
         problems.append(f"{root} ({problem})")
-    _warn(f"no compile cache directory can be used ({'; '.join(problems)}): every process "
-          "compiles its kernels again. Set KERNELKIT_CACHE_DIR to a directory that only you can "
-          "write (mode 0700).")
-    return None
+    why = f"no compile cache directory can be used ({'; '.join(problems)})"
+    _warn(f"{why}: every process compiles its kernels again. Set KERNELKIT_CACHE_DIR to a "
+          "directory that only you can write (mode 0700).")
+    return why
 
 
 @contextlib.contextmanager
@@ -490,20 +490,32 @@ def private_dir() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-_disks: dict[tuple[str, int], DiskCache | None] = {}
+_disks: dict[tuple[str, int], DiskCache | str] = {}
 _disks_lock = threading.Lock()
 
 
-def disk() -> DiskCache | None:
-    """This user's disk cache for the configured directory (checked once per process)."""
+def _resolved() -> DiskCache | str:
+    """_open() of the configured directory, once per process."""
     memo = (str(cache_dir()), os.geteuid())
-    found = _disks.get(memo, False)
-    if found is False:
+    found = _disks.get(memo)
+    if found is None:
         with _disks_lock:
-            found = _disks.get(memo, False)
-            if found is False:
+            found = _disks.get(memo)
+            if found is None:
                 found = _disks[memo] = _open(Path(memo[0]))
     return found
+
+
+def disk() -> DiskCache | None:
+    """This user's disk cache for the configured directory; None where there is none."""
+    found = _resolved()
+    return found if isinstance(found, DiskCache) else None
+
+
+def no_disk_reason() -> str | None:
+    """Why there is no disk cache (as warned), or None where there is one."""
+    found = _resolved()
+    return found if isinstance(found, str) else None
 
 
 class CompileCache:

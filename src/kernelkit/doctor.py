@@ -309,18 +309,14 @@ def _writable(directory: Path) -> bool:
 
 @_probe("cache")
 def probe_cache():
-    import warnings
-
     from . import __version__
     from . import cache as cc
-    with warnings.catch_warnings(record=True) as said:  # the finding says it
-        warnings.simplefilter("always")
-        store = cc.disk()
+    store = cc.disk()
     where = "$KERNELKIT_CACHE_DIR" if os.environ.get("KERNELKIT_CACHE_DIR") else "default"
     fix = "set KERNELKIT_CACHE_DIR to a directory that only you can write (mode 0700)"
     if store is None:
-        why = str(said[0].message) if said else "no usable directory"
-        return Finding("cache", "missing", f"{cc.cache_dir()} ({where}): {why}", fix)
+        return Finding("cache", "missing", f"{cc.no_disk_reason()}: every process compiles its "
+                       "kernels again", fix)
     usage = cc.usage(store.root)
     files, size = sum(u[1] for u in usage), sum(u[2] for u in usage)
     limit = cc.max_bytes()
