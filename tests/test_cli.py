@@ -211,7 +211,7 @@ def test_bench_quick_writes_json_markdown_and_charts(cache_dir, tmp_path):
     r = kernelkit_cmd("bench", "--markdown", out / "cpu.json", *RECORDED, cache=cache_dir)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("## The CPU backend") == 2
-    assert "| forward | 0.259 ms | 0.254 ms | 1.02× | ≤ 1.05× |" in r.stdout  # h100/grid_sample.json
+    assert "| forward | 0.259 ms | 0.254 ms | 1.02× |" in r.stdout  # h100/grid_sample.json
     assert "| grid_sample forward + backward, grid × 0.1 (points crowded in the centre of x) | same |" in r.stdout
     cpu = json.loads((RESULTS / "cpu-x86_64-2core" / "cpu.json").read_text())["exp"]
     assert (f"| exp, 64M float32 (plain loops) | {_ms(cpu['kernelkit_ms'])} | "
