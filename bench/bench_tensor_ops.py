@@ -182,13 +182,20 @@ def case(size: int, dtype, layout: str, variants: list, iters: int, rounds: int)
 def sass_summary() -> list:
     """Per compiled kernel of this benchmark (kernelkit's disk cache), how many tensor-core,
     TMA and cp.async instructions its SASS holds (cuobjdump), and one HGMMA/QGMMA line."""
-    from kernelkit.cache import cache_dir
+    import tempfile
+    from kernelkit import cache
     tool = shutil.which("cuobjdump")
     if tool is None:
         return []
     rows = []
-    for cubin in sorted(cache_dir().rglob("*.cubin")):
-        text = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True).stdout
+    for entry in sorted(cache.cache_dir().rglob("*.cubin")):
+        data = entry.read_bytes()
+        if data.startswith(cache._MAGIC):  # a cache entry: magic and HMAC before the cubin
+            data = data[cache._HEADER:]
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(data)
+            f.flush()
+            text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
         name = re.search(r"Function : (kk_wgmma\w+)", text)
         if name is None:
             continue
