@@ -17,6 +17,7 @@ version directories are ever deleted.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -518,6 +519,44 @@ def no_disk_reason() -> str | None:
     return found if isinstance(found, str) else None
 
 
+_holding = threading.local()  # .lock: this thread holds a build lock
+
+
+@contextlib.contextmanager
+def _build_lock(shard: Path | None) -> Iterator[None]:
+    """Held while this process builds an entry of `shard`, so that processes sharing the cache
+    compile each kernel once: an flock on the shard directory (no lock file to leave behind;
+    the system releases it should the process die). Where none can be had, nothing is held: at
+    worst a kernel is compiled twice. A build inside a build takes none (no self-deadlock)."""
+    if shard is None or getattr(_holding, "lock", False):
+        yield
+        return
+    fd = _locked(shard)
+    _holding.lock = fd is not None
+    try:
+        yield
+    finally:
+        _holding.lock = False
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+
+def _locked(directory: Path) -> int | None:
+    """A descriptor of `directory` (made 0700 where missing: it is inside the version directory,
+    which only this user can write) holding an exclusive flock; None where it cannot be had."""
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class CompileCache:
     def __init__(self):
         self._memory: dict[str, bytes] = {}
@@ -551,9 +590,13 @@ class CompileCache:
         binary = store.read(key, suffix) if store else None
         if binary is None:
             limit = max_bytes()  # a bad KERNELKIT_CACHE_MAX fails before the compiler runs
-            binary = build()
-            if store:
-                store.write(key, suffix, binary, source, limit)
+            # other processes missing the entry (the ranks of a distributed job) wait, then read it
+            with _build_lock(store.path(key, suffix).parent if store else None):
+                binary = store.read(key, suffix) if store else None
+                if binary is None:
+                    binary = build()
+                    if store:
+                        store.write(key, suffix, binary, source, limit)
         return binary
 
     def clear(self, stale: bool = False) -> tuple[int, int]:
