@@ -38,37 +38,54 @@ def run(*args, **kwargs):
                           **kwargs)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+def build_wheel(tmp: Path, env: dict | None = None) -> tuple[Path, Path]:
     """A wheel built from a copy of the source tree (pip wheel, no network), and the copy's
     package (colleagues' headers may appear in src/ meanwhile)."""
     if int(importlib.metadata.version("setuptools").split(".")[0]) < 77:
         pytest.skip("building the wheel needs setuptools >= 77 (pyproject's build-system)")
-    tmp = tmp_path_factory.mktemp("wheel")
     tree = tmp / "tree"
+    tree.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
-        tree.mkdir(exist_ok=True)
         shutil.copy(ROOT / name, tree / name)
     shutil.copytree(SOURCE, tree / "src" / "kernelkit",
                     ignore=shutil.ignore_patterns("__pycache__", *(f"*{s}" for s in BUILT)))
     r = run("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"),
-            str(tree))
+            str(tree), env=dict(os.environ, **(env or {})))
     assert r.returncode == 0, r.stdout + r.stderr
     (path,) = (tmp / "dist").glob("kernelkit-*.whl")
     return path, tree / "src" / "kernelkit"
 
 
+def wheel_package(path: Path) -> set[str]:
+    with zipfile.ZipFile(path) as z:
+        return {n[len("kernelkit/"):] for n in z.namelist() if n.startswith("kernelkit/")}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 @pytest.mark.slow
 def test_wheel_holds_every_file_and_the_extension(wheel):
     path, source = wheel
-    with zipfile.ZipFile(path) as z:
-        names = z.namelist()
-    in_package = {n[len("kernelkit/"):] for n in names if n.startswith("kernelkit/")}
+    in_package = wheel_package(path)
     extensions = {n for n in in_package if n.startswith("_fastcall.") and n.endswith(BUILT)}
     assert len(extensions) == 1, in_package
     # every header (extension-less ones, every directory), fastcall.cpp, py.typed, the Python
     assert in_package - extensions == package_files(source)
-    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    with zipfile.ZipFile(path) as z:
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in z.namelist())
+
+
+@pytest.mark.slow
+def test_wheel_without_a_compiler_has_no_extension(tmp_path):
+    """The extension is optional: without a compiler the wheel still builds, with every file
+    (kernelkit then builds fastcall.cpp on first use, or takes the Python path)."""
+    fail = "/bin/false"
+    path, source = build_wheel(tmp_path, {"CC": fail, "CXX": fail, "LDSHARED": fail,
+                                          "LDCXXSHARED": fail})
+    assert wheel_package(path) == package_files(source)
 
 
 @pytest.mark.slow
