@@ -248,7 +248,8 @@ def test_fp8_matmul(device, scaled):
         x = q.view(f).double()
         return x * torch.exp2(s.double() - 127).repeat_interleave(32, dim=1) if scaled else x
     ref = deq(qa, torch.float8_e4m3fn, sa) @ deq(qb, fb, sb).T
-    torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-3)
+    # exact products, float32 sums: errors relative to the largest magnitude (the scales span 2^13)
+    torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
 # A GEMM as MLX's steel kernels write it: 8 x 8 simdgroup_matrix fragments, thread_elements()
