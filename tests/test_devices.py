@@ -67,8 +67,15 @@ def test_inputs_on_cuda_1_run_on_cuda_1():
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
             out_s = _call(k, a1)
+        out_0 = _call(k, a0)  # the inputs decide, not the current device
         s.synchronize()
+    explicit = _call(k, a1, stream=s)  # cuda:1's stream given while cuda:0 is current
+    s.synchronize()
+    assert out_0.device == torch.device("cuda:0") and explicit.device == torch.device("cuda:1")
     torch.testing.assert_close(out_s, a1 * 2 + 1)
+    torch.testing.assert_close(out_0, a0 * 2 + 1)
+    torch.testing.assert_close(explicit, a1 * 2 + 1)
+    assert torch.cuda.current_device() == 0
 
 
 @pytest.mark.gpu
