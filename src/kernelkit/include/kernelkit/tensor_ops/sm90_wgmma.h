@@ -23,6 +23,9 @@
 //   stage of B. Warpgroups = 1 is the talk's threadgroup of 128 threads (execution_simdgroups<4>);
 //   2 is a 256-thread threadgroup (execution_simdgroups<8>). Groups of one threadgroup are
 //   independent: group j synchronises on named barrier 1 + j only (so at most 15 groups).
+//   Every thread of a group must reach run: dispatch whole threadgroups (a Metal grid that is
+//   not a multiple of the threadgroup ends the last group's extra threads before the body,
+//   and its barriers would then wait for ever).
 // - acc (+)= A[0:m_valid, 0:K] * B[0:K, 0:n_valid]: element (m, k) of A is A[m * a_rs + k * a_cs],
 //   (k, n) of B is B[k * b_rs + n * b_cs], any strides; rows >= m_valid, cols >= n_valid and
 //   k >= K read as zero. accumulate = false starts from zero.
@@ -150,7 +153,8 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
 
 // Tensor maps made on the device (as Triton's device-side descriptors): zeroed in shared memory,
 // every field of a 2-D tiled map set by tensormap.replace, then copied to global memory, where
-// TMA reads them. Each warpgroup in a run holds one slot of two maps, claimed per SM.
+// TMA reads them. Each group in a run holds one slot of two maps, claimed per SM (an SM id past
+// max_sms takes the cp.async path).
 constexpr int max_sms = 256, slots_per_sm = 16;
 __device__ __align__(128) unsigned char tensor_maps[max_sms * slots_per_sm][2][128];
 __device__ unsigned tensor_map_slots[max_sms];
