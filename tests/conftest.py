@@ -1,8 +1,8 @@
 """One test body, every backend: the `device` fixture runs a test on the CPU backend
 and, where there is an NVIDIA GPU, on CUDA.
 
-Without a GPU, every kernel a test builds is also compiled for Hopper (sm_90)
-with NVRTC, so a GPU-only compile error fails CI.
+Without a GPU, every kernel a test builds is also compiled for Hopper (sm_90; sm_90a for
+tensor-op kernels, as on an H100) with NVRTC, so a GPU-only compile error fails CI.
 """
 
 import os
