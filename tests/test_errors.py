@@ -166,3 +166,62 @@ def test_invalid_memory_access_is_a_launch_error_and_the_process_lives():
     k = kk.metal_kernel(name="add", input_names=["a", "b"], output_names=["out"], source=BODY)
     (out,) = call(k, inputs=[torch.arange(4.0), torch.ones(4)])
     assert out.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+# --- errors a new user meets, said in their terms ------------------------------------------------
+
+@pytest.mark.parametrize("source", [
+    'extern "C" __global__ void add_one(const float* x, float* y) {\n  int i = threadIdx.x;\n  y[i] = x[i] + 1;\n}',
+    "[[kernel]] void add_one(device const float* x [[buffer(0)]]) { }",
+    "kernel void add_one(device float* y) { y[0] = 1; }"])
+def test_a_whole_function_as_the_source(source):
+    for factory in (kk.metal_kernel, kk.cuda_kernel):
+        with pytest.raises(ValueError, match=r"holds a whole kernel function .*add_one.*pass only "
+                                             r"the statements inside its braces"):
+            factory(name="add_one", input_names=["x"], output_names=["y"], source=source)
+
+
+def test_extern_shared_without_shared_memory():
+    body = "extern __shared__ float tile[];\ntile[threadIdx.x] = x[threadIdx.x];\ny[threadIdx.x] = tile[0];"
+    with pytest.raises(ValueError, match=r"`extern __shared__` memory but shared_memory=0: pass "
+                                         r"shared_memory=<bytes>"):
+        kk.cuda_kernel(name="tiles", input_names=["x"], output_names=["y"], source=body)
+    kk.cuda_kernel(name="tiles", input_names=["x"], output_names=["y"], source=body, shared_memory=1024)
+
+
+def test_a_0d_input_indexed_says_it_is_a_value():
+    k = kk.metal_kernel(name="scale", input_names=["inp", "s"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i] * s[0];")
+    with pytest.raises(kk.CompileError, match=r"hint: input 's' is a 0-d array or a Python number: "
+                                              r"it is passed as a value"):
+        k(inputs=[torch.randn(4), torch.tensor(2.0)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+          output_shapes=[(4,)], output_dtypes=[torch.float32])
+
+
+def test_assigning_an_atomic_output_says_outputs_are_atomic():
+    k = kk.metal_kernel(name="assign", input_names=["inp"], output_names=["out"], atomic_outputs=True,
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i];")
+    with pytest.raises(kk.CompileError, match=r"hint: with atomic_outputs=True every output is "
+                                              r"`device atomic<T>\*`: \['out'\] cannot be assigned"):
+        k(inputs=[torch.randn(4)], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
+          output_dtypes=[torch.float32])
+
+
+def test_check_bounds_reports_outputs_never_written(device):
+    """The CUDA habit grid=(blocks, 1, 1): too few threads, most of the output never written."""
+    k = kk.metal_kernel(name="copy", input_names=["inp"], output_names=["out", "flags"],
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i]; flags[i] = 1;")
+    x = torch.randn(1024, device=device)
+    args = dict(inputs=[x], threadgroup=(256, 1, 1), output_shapes=[(1024,), (1024,)],
+                output_dtypes=[torch.float32, torch.uint8], check_bounds=True)
+    with pytest.warns(kk.UnwrittenOutputWarning) as record:
+        k(**args, grid=(1024 // 256, 1, 1))
+    texts = [str(w.message) for w in record]
+    assert any("left 1020 of the 1024 elements of output 'out' unwritten (the first at flat index 4)"
+               in t for t in texts) and any("output 'flags'" in t for t in texts)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, flags = k(**args, grid=(1024, 1, 1))  # every element written: no warning
+        k(**{**args, "grid": (4, 1, 1)}, init_value=0)  # an init_value says unwritten is meant
+    torch.testing.assert_close(out, x)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING  # noqa: E402
 from .autodiff import custom_function  # noqa: E402
 from .dialects import cuda as _cuda, metal as _metal  # noqa: E402
 from .kernel import prepared as _prepared  # noqa: E402
-from .errors import CompileError, GPUFault, KernelLaunchError  # noqa: E402
+from .errors import CompileError, GPUFault, KernelLaunchError, UnwrittenOutputWarning  # noqa: E402
 from .preconditions import Preconditions  # noqa: E402
 
 
@@ -191,4 +191,4 @@ def __getattr__(name):
 
 
 __all__ = ["metal_kernel", "cuda_kernel", "custom_function", "ops", "CompileError",
-           "KernelLaunchError", "GPUFault", "__version__"]
+           "KernelLaunchError", "GPUFault", "UnwrittenOutputWarning", "__version__"]

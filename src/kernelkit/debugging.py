@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from .dialects.tokens import tokenize, untokenize
-from .errors import GPUFault, KernelLaunchError
+from .errors import GPUFault, KernelLaunchError, UnwrittenOutputWarning
 
 RECORD_WORDS = 32  # kk::dbg::kRecordWords
 _STATUS, _START, _BUFFER, _INDEX, _LINE, _TID, _GID = 0, 1, 2, 3, 4, 5, 8
@@ -402,8 +403,46 @@ def extent(t: torch.Tensor) -> int:
     return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
 
-def run(kernel, variant, req: Request, launch, tensors, outputs, tail, device, stream, group) -> None:
-    """Launch a checked variant and raise what its record says."""
+def run(kernel, variant, req: Request, launch, tensors, outputs, tail, device, stream, group,
+        fills) -> None:
+    """Launch a checked variant and raise what its record says; with check_bounds, warn of
+    output elements the kernel never wrote (outputs without an init_value)."""
+    plan: Plan = variant.debug
+    marked = [i for i, (o, f) in enumerate(zip(outputs, fills))
+              if f is None and o.dtype in _UNWRITTEN] if req.mode.bounds else []
+    for i in marked:
+        outputs[i].view(_UNWRITTEN[outputs[i].dtype][0]).fill_(_UNWRITTEN[outputs[i].dtype][1])
+    _launch_checked(kernel, variant, req, launch, tensors, outputs, tail, device, stream, group)
+    for i in marked:
+        _warn_unwritten(kernel, outputs[i], i)
+
+
+# The bits an output element holds until the kernel writes it, per dtype, and the integer view
+# they are written through: NaNs with a payload no arithmetic makes for floats, 0xA5 bytes else.
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_UNWRITTEN = {
+    torch.float16: (torch.int16, 0x7D5A), torch.bfloat16: (torch.int16, 0x7FA5),
+    torch.float32: (torch.int32, 0x7FA5A5A5), torch.float64: (torch.int64, 0x7FF4A5A5A5A5A5A5),
+    **{t: (_SAME_WIDTH_INT[t.itemsize], int.from_bytes(b"\xa5" * t.itemsize, "little", signed=True))
+       for t in (torch.int8, torch.int16, torch.int32, torch.int64,
+                 torch.uint8, torch.uint16, torch.uint32, torch.uint64)}}
+
+
+def _warn_unwritten(kernel, out: torch.Tensor, i: int) -> None:
+    view_dtype, bits = _UNWRITTEN[out.dtype]
+    left = (out.view(view_dtype) == bits).flatten()
+    n = int(left.sum())
+    if n:
+        first = int(left.nonzero()[0])
+        warnings.warn(
+            f"[{kernel.caller}] kernel {kernel.name!r} left {n} of the {out.numel()} elements of "
+            f"output {kernel.output_names[i]!r} unwritten (the first at flat index {first}); their "
+            "values are undefined. If that is meant, pass init_value; else check the grid: it "
+            "counts threads, not threadgroups (a CUDA-style grid of blocks runs too few threads).",
+            UnwrittenOutputWarning, stacklevel=4)
+
+
+def _launch_checked(kernel, variant, req, launch, tensors, outputs, tail, device, stream, group):
     plan: Plan = variant.debug
     record = torch.zeros(RECORD_WORDS, dtype=torch.int64, device=device)
     sizes = [extent(tensors[b.index]) if b.role == "input" else outputs[b.index].numel()

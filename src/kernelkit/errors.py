@@ -32,6 +32,10 @@ class KernelLaunchError(RuntimeError):
     """A driver call failed, or the CPU runtime stopped a launch."""
 
 
+class UnwrittenOutputWarning(UserWarning):
+    """A checked call (check_bounds=True) found output elements the kernel never wrote."""
+
+
 class GPUFault(KernelLaunchError):
     """A kernel faulted on the GPU (reported at a later launch): the process's CUDA context is lost."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import re
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from . import arrays, codegen, debugging, fastcall
 from .arrays import DType, dtype_of
 from .backends import get_backend
 from .dialects import identifiers
+from .errors import CompileError
 from .signature import ATTRIBUTES, NDIM_CAPACITY, InputSpec, Signature, check_identifier, template_args
 
 MATH_MODES = ("safe", "relaxed", "fast")
@@ -92,6 +94,7 @@ class Kernel:
         if not isinstance(source, str) or not isinstance(header, str):
             raise TypeError(f"[{self.caller}] source and header must be strings.")
         self.source, self.header = source, header
+        _check_source(dialect, source, header, shared_memory, self.caller)
         self.ensure_row_contiguous = bool(ensure_row_contiguous)
         self.atomic_outputs = bool(atomic_outputs)
         self.math_mode = self._math_mode(compile_options)
@@ -212,7 +215,8 @@ class Kernel:
                                   self.name)
         tail = (*grid, self.shared_memory)
         if checks is not None:  # checked: synchronous, raises IndexError / TimeoutError
-            debugging.run(self, variant, checks, launch, tensors, outputs, tail, device, stream, group)
+            debugging.run(self, variant, checks, launch, tensors, outputs, tail, device, stream, group,
+                          fills)
             plan_key = None
         else:
             launch(variant.pack(tensors, outputs, tail))
@@ -363,15 +367,39 @@ class Kernel:
         context = f"[{self.caller}] kernel {self.name!r}"
         if plan is not None:  # the rewritten source: say so, should it not compile
             context += f" (its checked variant: {debugging.describe(plan.mode)})"
-        program = backend.build(source, device, self.math_mode,
-                                tuple(self.dialect.compile_flags(backend.target, self.math_mode)),
-                                self.uses_sync, context, self.source, self.header, sig.block.size,
-                                codegen.entry_name(self.name))
+        try:
+            program = backend.build(source, device, self.math_mode,
+                                    tuple(self.dialect.compile_flags(backend.target, self.math_mode)),
+                                    self.uses_sync, context, self.source, self.header,
+                                    sig.block.size, codegen.entry_name(self.name))
+        except CompileError as e:
+            hints = self._hints(specs)
+            if hints:
+                e.args = (e.args[0] + "".join(f"\nhint: {h}" for h in hints), *e.args[1:])
+            raise
         if plan is not None:
             debugging.prepare(program)
         variant = Variant(sig, source, program, sig.packer(), plan)
         self._variants[key] = variant
         return variant
+
+    def _hints(self, specs) -> list[str]:
+        """What a failed compile may come from, in the user's terms: habits from other tools."""
+        hints = []
+        for name, spec in zip(self.input_names, specs):
+            scalar = spec.by_value if self.dialect.NAME == "cuda_kernel" else spec.scalar
+            if scalar and re.search(rf"\b{name}\s*\[", self.source):
+                hints.append(f"input {name!r} is a 0-d array or a Python number: it is passed as a "
+                             f"value (`const constant T& {name}`), not a pointer; write `{name}`, "
+                             "not an index into it, or pass a 1-element array.")
+        if self.atomic_outputs:
+            written = [n for n in self.output_names
+                       if re.search(rf"\b{n}\s*\[[^\]]*\]\s*[-+*/%&|^]?=(?!=)", self.source)]
+            if written:
+                hints.append(f"with atomic_outputs=True every output is `device atomic<T>*`: "
+                             f"{written} cannot be assigned; write with atomic_store_explicit("
+                             f"&{written[0]}[i], v, memory_order_relaxed) or atomic_fetch_add_explicit.")
+        return hints
 
     def _generate(self, target: str, sig: Signature) -> str:
         """The generated unit for `target`; a checked variant's (sig.debug) rewrites the source."""
@@ -497,6 +525,27 @@ def _memo(cache: dict, key, compute):
         return value
     except TypeError:
         return compute()
+
+
+# A whole kernel function where only its body belongs (CuPy's, load_inline's or Metal's habit).
+_WHOLE_FUNCTION = re.compile(r'(?:extern\s+"C"\s+)?(?:__global__|\[\[\s*kernel\s*\]\]|\bkernel)\s+'
+                             r'void\s+(\w+)\s*\(')
+_EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b")
+
+
+def _check_source(dialect, source: str, header: str, shared_memory: int, caller: str) -> None:
+    """Errors a new user meets before any compiler would say them clearly."""
+    m = _WHOLE_FUNCTION.search(source)
+    if m:
+        raise ValueError(
+            f"[{caller}] `source` holds a whole kernel function ({m.group(0).strip()}...); pass only "
+            "the statements inside its braces: kernelkit writes the signature from input_names and "
+            "output_names (inputs `const T* name`, outputs `T* name`, plus the names the body uses).")
+    if dialect.NAME == "cuda_kernel" and shared_memory == 0 and (
+            _EXTERN_SHARED.search(source) or _EXTERN_SHARED.search(header)):
+        raise ValueError(
+            f"[{caller}] the kernel declares `extern __shared__` memory but shared_memory=0: pass "
+            "shared_memory=<bytes> to cuda_kernel (the dynamic shared memory each block gets).")
 
 
 def _typed(values) -> tuple:

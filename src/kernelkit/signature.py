@@ -54,7 +54,7 @@ _PRELUDE_NAMES = frozenset("""
 half bfloat bfloat16_t float16_t uchar ushort ulong uint size_t ptrdiff_t intptr_t uintptr_t
 int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t dim3 uint3 metal std mpp cg
 NULL INFINITY NAN MAXFLOAT HUGE_VALF HUGE_VAL FLT_MAX FLT_MIN DBL_MAX INT_MAX INT_MIN UINT_MAX
-METAL_FUNC WARP_SIZE threadIdx blockIdx blockDim gridDim warpSize elem_to_loc ceildiv
+METAL_FUNC WARP_SIZE threadIdx blockIdx blockDim gridDim warpSize
 """.split()) | {f"{b}{n}" for b in _VECTOR_BASES for n in (2, 3, 4)}
 # How fastcall.cpp fills each field of the argument block (the order of its FieldKind).
 FILL_KINDS = ("input_pointer", "output_pointer", "bool_value", "int_value", "float_value", "shape",
