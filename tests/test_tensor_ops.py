@@ -406,3 +406,17 @@ def test_scope_mismatch_is_a_clear_error():
     with pytest.raises(kk.KernelLaunchError, match=r"matmul2d::run \(body:\d+\).*4 SIMD-group.*has 64 threads"):
         k(inputs=[a, b], output_shapes=[(8, 8)], output_dtypes=[torch.float32], grid=(64, 1, 1), threadgroup=(64, 1, 1),
           template=[("TILEM", 32), ("TILEN", 16), ("TR", False), ("ACC", False), ("RELAXED", False)])
+
+
+def test_bad_operand_is_a_clear_compile_error():
+    body = """
+  auto A = tensor(a, dextents<int, 1>(8));
+  auto B = tensor(a, dextents<int, 2>(8, 1));
+  auto C = tensor(c, dextents<int, 2>(8, 8));
+  matmul2d<matmul2d_descriptor(8, 8), execution_thread> op;
+  op.run(A, B, C);
+"""
+    k = kk.metal_kernel("tops_bad_rank", ["a"], ["c"], body, header=HEADER)
+    with pytest.raises(kk.CompileError, match="tensor operands must be rank 2"):
+        k(inputs=[torch.randn(8)], output_shapes=[(8, 8)], output_dtypes=[torch.float32], grid=(1, 1, 1),
+          threadgroup=(1, 1, 1))

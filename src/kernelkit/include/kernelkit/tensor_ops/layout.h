@@ -90,12 +90,12 @@ struct layout {
     if constexpr (whole) {
       rs = o, cs = n;
     } else {
-      if (o >= 0) {
+      if (o >= 0 && Role != role::column_reduction) {  // a reduction looks at its own coordinate only
         const int ob = o / 16;
         if ((o & 7) != int(lane() >> 2) || ob % W != int(group())) return -1;
         rs = (ob / W) * 2 + ((o & 15) >> 3);
       }
-      if (n >= 0) {
+      if (n >= 0 && Role != role::row_reduction) {
         if (((n & 7) >> 1) != int(lane() & 3)) return -1;
         cs = (n / 8) * 2 + (n & 1);
       }

@@ -133,6 +133,8 @@ class matmul2d {
     using namespace kk::tops;
     static_assert(!plain_v<Left> && !plain_v<Right> && !plain_v<Dest>,
                   "matmul2d::run(left, right, destination): each operand must be a tensor or a cooperative tensor");
+    static_assert(rank2<Left>() && rank2<Right>() && rank2<Dest>(),
+                  "matmul2d::run(left, right, destination): tensor operands must be rank 2 (extents: columns, rows)");
     static_assert(!is_cooperative_v<Left> || !Descriptor.transpose_left, "Input cooperative tensor cannot be transposed");
     static_assert(!is_cooperative_v<Right> || !Descriptor.transpose_right, "Input cooperative tensor cannot be transposed");
     static_assert(!(is_cooperative_v<Left> || is_cooperative_v<Right>) || KS > 0,
@@ -194,6 +196,11 @@ class matmul2d {
   }
 
  private:
+  template <class T> static constexpr KK_FN bool rank2() {
+    if constexpr (metal::is_tensor_v<T>) return kk::tops::remove_const_t<T>::R == 2;
+    else return true;
+  }
+
   // With KK_TOPS_REPORT (KERNELKIT_TENSOR_OPS_REPORT=1), the launch's first thread prints each run's path.
   static KK_FN void report(const char* path, const kk::site& s) {
 #if defined(KK_TOPS_REPORT)
