@@ -420,3 +420,42 @@ def test_bad_operand_is_a_clear_compile_error():
     with pytest.raises(kk.CompileError, match="tensor operands must be rank 2"):
         k(inputs=[torch.randn(8)], output_shapes=[(8, 8)], output_dtypes=[torch.float32], grid=(1, 1, 1),
           threadgroup=(1, 1, 1))
+
+
+# Cooperative inputs filled by hand at their get_multidimensional_index coordinates, in a K loop
+# (the pattern of in-register dequantisation kernels): (k, m) for a left input, (n, k) for a right.
+COOP_INPUTS = """
+  constexpr auto desc = matmul2d_descriptor(16, 32, 16, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
+  matmul2d<desc, execution_simdgroup> op;
+  auto aa = op.get_left_input_cooperative_tensor<half, half, float>();
+  auto bb = op.get_right_input_cooperative_tensor<half, half, float>();
+  auto acc = op.get_destination_cooperative_tensor<decltype(aa), decltype(bb), float>();
+  for (int i = 0; i < acc.get_capacity(); ++i) if (acc.is_valid_element(i)) acc[i] = 0.0f;
+  for (int kb = 0; kb < K; kb += 16) {
+    for (int i = 0; i < aa.get_capacity(); ++i) {
+      if (!aa.is_valid_element(i)) continue;
+      auto c = aa.get_multidimensional_index(i);
+      const int r = c[1], k = kb + c[0];
+      aa[i] = r < M && k < K ? x[r * K + k] : half(0);
+    }
+    for (int i = 0; i < bb.get_capacity(); ++i) {
+      if (!bb.is_valid_element(i)) continue;
+      auto c = bb.get_multidimensional_index(i);
+      const int n = c[0], k = kb + c[1];
+      bb[i] = k < K ? half(float(w[k * 32 + n]) * 0.5f) : half(0);   // dequantised: int8 * scale
+    }
+    op.run(aa, bb, acc);
+  }
+  acc.store(tensor(out, dextents<int, 2>(32, M)));
+"""
+
+
+def test_cooperative_inputs_k_loop(device):
+    M, K = 13, 40
+    k = kk.metal_kernel("tops_coop_inputs", ["x", "w"], ["out"], COOP_INPUTS,
+                        header=HEADER + f"constexpr int M = {M}, K = {K};\n")
+    x = torch.randn(M, K, device=device).half()
+    w = torch.randint(-8, 8, (K, 32), dtype=torch.int8, device=device)
+    out = k(inputs=[x, w], output_shapes=[(M, 32)], output_dtypes=[torch.float32], grid=(32, 1, 1),
+            threadgroup=(32, 1, 1))[0]
+    torch.testing.assert_close(out.double(), x.double() @ (w.double() * 0.5), rtol=1e-4, atol=1e-4)
