@@ -1,12 +1,15 @@
 """Each script of examples/ runs as a user runs it (a fresh process, any working directory),
 checks its own results against torch and exits 0: on the GPU where there is one, else on the
-CPU backend."""
+CPU backend. Without a GPU, its kernels are also compiled for Hopper (sm_90), as every kernel
+of the suite is (conftest.py)."""
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import SM90_CHECK
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
 
@@ -21,3 +24,9 @@ def test_example_runs_and_checks_itself(script, tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert ": ok" in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(not SM90_CHECK, reason="no sm_90 compile check here (a GPU, or KERNELKIT_TEST_SM90=0)")
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_kernels_compile_for_hopper(script):
+    runpy.run_path(str(script), run_name="__main__")  # in this process: conftest compiles each kernel
