@@ -6,6 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# NVLink multicast stays off (the lent machines' rule; the DDP check needs none)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 dir=${OUT:-bench/results/multi_gpu}
 mkdir -p "$dir"
 export KERNELKIT_CACHE_DIR=$(mktemp -d)  # cold for the tests (the torchrun test makes its own)
