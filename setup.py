@@ -1,5 +1,6 @@
 """The parts of the build pyproject.toml cannot say: every non-Python file of the package as
-package data (the prelude headers above all), and the fast-call extension (src/kernelkit/fastcall.cpp) compiled at install time.
+package data (the prelude headers above all), and the fast-call extension
+(src/kernelkit/fastcall.cpp) compiled at install time.
 
 The extension is optional: where the build has no C++ compiler or no Python headers, the wheel
 holds none and kernelkit builds it on first use at run time, else takes the pure-Python path
