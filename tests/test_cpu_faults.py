@@ -336,3 +336,18 @@ def test_exception_escaping_a_kernel_is_a_launch_error(sync):
         run(k, [x], n)
     x[6] = 6
     works_after(k, [x], n, x.tolist())
+
+
+def test_the_c_library_still_compiles_beside_the_exit_guard(tmp_path):
+    """The guard redeclares glibc's functions as glibc does: a unit that includes the CPU entry
+    header, then <cstdlib>, <unistd.h> and <cassert>, compiles and uses them (but not exit)."""
+    from kernelkit.backends import cpu
+    src = tmp_path / "unit.cpp"
+    src.write_text("#define KK_TARGET_CPU 1\n#include <kernelkit/metal.h>\n"
+                   "#include <kernelkit/cpu_group.h>\n#include <cstdlib>\n#include <unistd.h>\n"
+                   "#include <cassert>\n#include <vector>\n"
+                   "int f(int v) { assert(v != 3); std::vector<int> w(4, v); return std::abs(w[1]); }\n")
+    proc = subprocess.run([cpu.compiler()[0], "-std=c++17", "-O3", "-fPIC", "-shared",
+                           f"-I{cpu.INCLUDE}", str(src), "-o", str(tmp_path / "unit.so")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
