@@ -14,8 +14,10 @@ from conftest import SM90_CHECK
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
 
 
-def test_there_are_examples():
+def test_there_are_examples_and_the_docs_list_each():
     assert len(EXAMPLES) >= 5
+    listed = (EXAMPLES[0].parent.parent / "docs" / "quickstart.md").read_text()
+    assert not [p.name for p in EXAMPLES if f"`{p.name}`" not in listed]
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
