@@ -161,3 +161,45 @@ def test_ops_reachable_from_the_package():
     code = "import kernelkit as kk; print(kk.ops.grid_sample.__name__, kk.ops.matmul_add_relu.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["grid_sample", "matmul_add_relu"]
+
+
+class _DLPackOnly:
+    """An array that speaks only DLPack (as CuPy's and JAX's do, beside their own APIs)."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def test_arrays_of_other_libraries_through_dlpack(device):
+    x = torch.randn(2, 8, device=device)
+    k = kk.metal_kernel(name="copy2", input_names=["a", "b"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = a[i] + b[i];")
+    for a in (_DLPackOnly(x), _DLPackOnly(x.T.contiguous().T)):  # a strided one is copied
+        out = k(inputs=[a, x], grid=(16, 1, 1), threadgroup=(16, 1, 1), output_shapes=[(2, 8)],
+                output_dtypes=[torch.float32])[0]
+        assert isinstance(out, torch.Tensor)
+        torch.testing.assert_close(out, 2 * x)
+    with pytest.raises(TypeError, match=r"input 'a' must be a torch.Tensor, a NumPy array, an array "
+                                        r"with __dlpack__"):
+        k(inputs=[[1.0] * 16, x], grid=(16, 1, 1), threadgroup=(16, 1, 1), output_shapes=[(16,)],
+          output_dtypes=[torch.float32])
+
+
+@pytest.mark.gpu
+def test_cupy_arrays_in():
+    cupy = pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    a = cupy.arange(16, dtype=cupy.float32)
+    k = kk.metal_kernel(name="twice_cupy", input_names=["a"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = 2.0f * a[i];")
+    out = k(inputs=[a], grid=(16, 1, 1), threadgroup=(16, 1, 1), output_shapes=[(16,)],
+            output_dtypes=[torch.float32])[0]
+    assert out.is_cuda
+    torch.testing.assert_close(out, 2 * torch.arange(16, dtype=torch.float32, device="cuda"))

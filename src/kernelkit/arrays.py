@@ -98,13 +98,21 @@ def is_scalar(x) -> bool:
 
 
 def as_tensor(x):
-    """A torch view of an array input, and whether it came from NumPy; None if x is no array."""
+    """A torch view of an array input, and whether it came from NumPy; None if x is no array.
+
+    Arrays of other libraries come in without a copy through DLPack (CuPy, JAX...; on a GPU,
+    on torch's current stream) or `__cuda_array_interface__` (Numba...); their outputs are
+    torch tensors."""
     if isinstance(x, torch.Tensor):
         return x, False
     if isinstance(x, np.ndarray):
         return torch.from_numpy(x), True
     if isinstance(x, np.generic):
         return torch.from_numpy(np.asarray(x)), True
+    if hasattr(x, "__dlpack__") and not isinstance(x, type):
+        return torch.from_dlpack(x), False
+    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, type):
+        return torch.as_tensor(x, device="cuda"), False
     return None, False
 
 

@@ -301,10 +301,15 @@ class Kernel:
                 tensors.append(x)
                 specs.append(InputSpec(arrays.SCALAR_DTYPES[type(x)], True, True, 0))
                 continue
-            t, from_numpy = arrays.as_tensor(x)
+            try:
+                t, from_numpy = arrays.as_tensor(x)
+            except (BufferError, RuntimeError, TypeError, ValueError) as e:  # DLPack refused it
+                raise TypeError(f"[{self.caller}] input {name!r}: its {type(x).__name__} could not "
+                                f"be taken through DLPack: {e}") from None
             if t is None:
-                raise TypeError(f"[{self.caller}] input {name!r} must be a torch.Tensor, a NumPy array "
-                                f"or a Python bool/int/float, got {type(x).__name__}.")
+                raise TypeError(f"[{self.caller}] input {name!r} must be a torch.Tensor, a NumPy "
+                                "array, an array with __dlpack__ or __cuda_array_interface__ (CuPy, "
+                                f"JAX...), or a Python bool/int/float; got {type(x).__name__}.")
             numpy_in |= from_numpy
             if device is None:
                 device = t.device
@@ -317,7 +322,7 @@ class Kernel:
             ndim = t.dim()
             cap = NDIM_CAPACITY if ndim <= NDIM_CAPACITY else -(-ndim // 8) * 8
             tensors.append(t)
-            specs.append(InputSpec(dt, ndim == 0, False, cap))
+            specs.append(InputSpec(dt, ndim == 0, False, cap, ndim if f"{name}_tensor" in self._uses else 0))
         return tensors, specs, device, numpy_in
 
     def _dtype(self, spec, i: int, what: str = "output") -> DType:
