@@ -459,3 +459,29 @@ def test_cooperative_inputs_k_loop(device):
     out = k(inputs=[x, w], output_shapes=[(M, 32)], output_dtypes=[torch.float32], grid=(32, 1, 1),
             threadgroup=(32, 1, 1))[0]
     torch.testing.assert_close(out.double(), x.double() @ (w.double() * 0.5), rtol=1e-4, atol=1e-4)
+
+
+# `name_tensor`: an input seen as a metal::tensor with its shape and strides (innermost first).
+VIEWS = """
+  const uint2 tgid = threadgroup_position_in_grid.xy;
+  auto tC = tensor(c, dextents<int, 2>(b_tensor.get_extent(0), a_tensor.get_extent(1)));
+  constexpr auto desc = matmul2d_descriptor(32, 16);
+  matmul2d<desc, execution_simdgroups<4>> op;
+  op.run(a_tensor.slice(0, tgid.y * 32), b_tensor.slice(tgid.x * 16, 0), tC.slice(tgid.x * 16, tgid.y * 32));
+  if (thread_position_in_grid.x == 0 && thread_position_in_grid.y == 0) {
+    for (int d = 0; d < 3; ++d) info[d] = x_tensor.get_extent(d);
+    info[3] = x_tensor(1, 2, 0);
+  }
+"""
+
+
+def test_input_tensor_views(device):
+    """a is a transposed view (ensure_row_contiguous=False): its strides come along."""
+    M, N, K = 40, 20, 24
+    k = kk.metal_kernel("tops_views", ["a", "b", "x"], ["c", "info"], VIEWS, header=HEADER, ensure_row_contiguous=False)
+    a = torch.randn(K, M, device=device).T
+    b, x = torch.randn(K, N, device=device), torch.randn(2, 3, 4, device=device)
+    c, info = k(inputs=[a, b, x], output_shapes=[(M, N), (4,)], output_dtypes=[torch.float32] * 2,
+                grid=(128 * 2, 2, 1), threadgroup=(128, 1, 1))
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
+    assert info.tolist() == [4, 3, 2, float(x[0, 2, 1])]

@@ -40,6 +40,8 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
     ns = dialect.NAMESPACE
     fn = function_name(name)
     defines = dialect.defines(header, body)
+    if sig.tensor_views and TENSOR_OPS not in defines:  # name_tensor views (dialects/metal.py)
+        defines.append(TENSOR_OPS)
     out = [f"#define KK_TARGET_{target.upper()} 1",
            f"#define {MATH_MACROS[math_mode]} 1",
            *defines,

@@ -87,6 +87,7 @@ class InputSpec(NamedTuple):
     scalar: bool  # a 0-d array or a Python scalar: `const T& name`
     by_value: bool  # a Python scalar: its value travels in the argument block
     ndim_capacity: int  # capacity of name_shape/name_strides when the body uses them
+    rank: int = 0  # the exact ndim when the body mentions name_tensor (its metal::tensor view's rank)
 
 
 @dataclass(frozen=True)
@@ -121,15 +122,20 @@ class Signature:
                  debug=None):
         self.template = template
         self.debug = debug  # a checked variant's debugging.Plan (its fields end the block)
+        # (name, rank) of each input whose body mentions name_tensor: the dialect declares that
+        # view (tensor ops) from the input's pointer, shape and strides.
+        self.tensor_views = [(name, spec.rank) for name, spec in inputs
+                             if not spec.scalar and spec.rank and f"{name}_tensor" in uses]
+        views = {name for name, _ in self.tensor_views}
         params: list[Param] = []
         for i, (name, spec) in enumerate(inputs):
             params.append(Param(name, "input", spec.dtype, i, spec.scalar, spec.by_value))
             if spec.scalar:
                 continue
             cap = spec.ndim_capacity
-            if f"{name}_shape" in uses:
+            if f"{name}_shape" in uses or name in views:
                 params.append(Param(f"{name}_shape", "shape", index=i, capacity=cap))
-            if f"{name}_strides" in uses:
+            if f"{name}_strides" in uses or name in views:
                 params.append(Param(f"{name}_strides", "strides", index=i, capacity=cap))
             if f"{name}_ndim" in uses:
                 params.append(Param(f"{name}_ndim", "ndim", index=i))

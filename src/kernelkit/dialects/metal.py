@@ -216,7 +216,15 @@ def kernel_function(fn: str, sig, body: str) -> list[str]:
         lines += ['#line 1 "kernelkit-generated"',
                   "template <" + ", ".join(template_param(n, v) for n, v in sig.template) + ">"]
     params = ",\n    ".join(param_decl(p) for p in sig.params)
-    return lines + [f"KK_FN void {fn}(\n    {params}) {{", '#line 1 "body"', body, "}"]
+    views = [tensor_view(name, rank) for name, rank in sig.tensor_views]
+    return lines + [f"KK_FN void {fn}(\n    {params}) {{", *views, '#line 1 "body"', body, "}"]
+
+
+def tensor_view(name: str, rank: int) -> str:
+    """`name_tensor`: an inline metal::tensor over input `name`, extents and strides innermost first."""
+    dims = ", ".join(f"{name}_shape[{rank - 1 - d}]" for d in range(rank))
+    strides = ", ".join(f"int({name}_strides[{rank - 1 - d}])" for d in range(rank))
+    return f"auto {name}_tensor = tensor({name}, dextents<int, {rank}>({dims}), array<int, {rank}>{{{strides}}});"
 
 
 def call_target(fn: str, sig) -> str:

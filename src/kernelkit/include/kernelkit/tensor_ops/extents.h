@@ -55,13 +55,11 @@ struct extents {
 };
 
 namespace kk_detail {
-template <class I, kk::tops::usize R, class Seq = void> struct dextents_of;
-template <class I> struct dextents_of<I, 1> { using type = extents<I, dynamic_extent>; };
-template <class I> struct dextents_of<I, 2> { using type = extents<I, dynamic_extent, dynamic_extent>; };
-template <class I> struct dextents_of<I, 3> { using type = extents<I, dynamic_extent, dynamic_extent, dynamic_extent>; };
-template <class I> struct dextents_of<I, 4> {
-  using type = extents<I, dynamic_extent, dynamic_extent, dynamic_extent, dynamic_extent>;
-};
+// extents<I, dynamic_extent (R times)>
+template <class I, kk::tops::usize R, kk::tops::usize... E>
+struct dextents_of : dextents_of<I, R - 1, dynamic_extent, E...> {};
+template <class I, kk::tops::usize... E>
+struct dextents_of<I, 0, E...> { using type = extents<I, E...>; };
 }  // namespace kk_detail
 
 template <class I, kk::tops::usize R>

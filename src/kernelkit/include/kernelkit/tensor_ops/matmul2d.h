@@ -128,8 +128,16 @@ class matmul2d {
     return kk::tops::same_registers_v<typename cooperative_tensor_right_input_t<LE, RE, T>::layout, SL>;
   }
 
+  // (Apple's takes lvalues; kernelkit also takes a slice made in the call.)
   template <class Left, class Right, class Dest>
-  KK_FN void run(Left& left, Right& right, Dest& destination, kk::site s = KK_TOPS_SITE("matmul2d::run")) const {
+  KK_FN void run(Left&& left, Right&& right, Dest&& destination, kk::site s = KK_TOPS_SITE("matmul2d::run")) const {
+    using kk::tops::remove_reference_t;
+    run_on<remove_reference_t<Left>, remove_reference_t<Right>, remove_reference_t<Dest>>(left, right, destination, s);
+  }
+
+ private:
+  template <class Left, class Right, class Dest>
+  KK_FN void run_on(Left& left, Right& right, Dest& destination, const kk::site& s) const {
     using namespace kk::tops;
     static_assert(!plain_v<Left> && !plain_v<Right> && !plain_v<Dest>,
                   "matmul2d::run(left, right, destination): each operand must be a tensor or a cooperative tensor");
@@ -195,7 +203,6 @@ class matmul2d {
     }
   }
 
- private:
   template <class T> static constexpr KK_FN bool rank2() {
     if constexpr (metal::is_tensor_v<T>) return kk::tops::remove_const_t<T>::R == 2;
     else return true;
