@@ -344,7 +344,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="what this machine offers: GPUs, driver, NVRTC, CUDA headers, "
                        "C++ compiler, cache", description="Report the GPUs, the NVIDIA driver, NVRTC, "
                        "CUDA's headers, the C++ compiler of the CPU backend and the compile cache, each "
-                       "with the fix for a missing piece. Exits 1 when no backend can run kernels.")
+                       "with the fix for a missing piece. Exits 1 when no backend can run kernels, or "
+                       "when a --check fails (its message is the error, the compiler's included).")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true", help="also compile and run a small kernel on every "
                    "device")
