@@ -100,9 +100,10 @@ KK_FN T lane_read(const T& v, unsigned from, const kk::site& s) {
 KK_FN void check_scope(int W, const kk::site& s) {
 #if !defined(KK_TARGET_CUDA)
   const kk_thread_ctx* t = kk_rt_current;
+  if (W <= 0 || !t) return;  // one thread's op (no fibers needed)
   const unsigned threads = t->tg_size.x * t->tg_size.y * t->tg_size.z;
   const unsigned need = W == 1 ? ((t->tindex >> 5) + 1) * 32 : 32u * unsigned(W);
-  if (W > 0 && threads < need) {
+  if (threads < need) {
     char msg[384];
     snprintf(msg, sizeof msg,
              "%s (%s:%u): its scope is %d SIMD-group(s) of 32 threads, and this threadgroup has %u threads "
