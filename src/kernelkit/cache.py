@@ -419,6 +419,7 @@ class DiskCache:
                 return False
             _atomic_write(path.with_name(path.name + ".src"), source.encode())
             _atomic_write(path, _MAGIC + _mac(self._secret, key, suffix, binary) + binary)
+            _unlink(path.with_name(path.name + ".sha256"))  # the checksum of the layout before
         except OSError:
             return False
         self._size += _HEADER + len(binary) + len(source)
