@@ -218,8 +218,9 @@ FP8 = """
   auto matrixB = mxfp8_tensor_inline((device metal_fp8_e4m3_format*)bt, dextents<int, 2>(K, N), array<int, 2>({1, K}),
                                      scales_plane(sb));
 #else
-  auto matrixA = tensor((device metal_fp8_e4m3_format*)a, dextents<int, 2>(K, M));
-  auto matrixB = tensor((device metal_fp8_e5m2_format*)bt, dextents<int, 2>(K, N));
+  // (a uint8 buffer holds 8-bit formats: no cast needed)
+  auto matrixA = tensor<const device metal_fp8_e4m3_format, dextents<int, 2>, tensor_inline>(a, dextents<int, 2>(K, M));
+  auto matrixB = tensor<const device metal_fp8_e5m2_format, dextents<int, 2>, tensor_inline>(bt, dextents<int, 2>(K, N));
 #endif
   auto matrixC = tensor(c, dextents<int, 2>(N, M));
   auto tA = matrixA.slice(0, tgid.y * TILEM);

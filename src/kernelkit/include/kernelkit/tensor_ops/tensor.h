@@ -52,8 +52,30 @@ struct tensor {
   index_type str[R] = {};
   plane_type plane;
 
+  // A pointer to T, or for an 8-bit format (fp8, ue8m0) a pointer to bytes: a uint8 buffer holds them.
+  template <class P>
+  static constexpr bool pointer_ok =
+      kk::tops::is_same_v<P, T> || kk::tops::is_same_v<const P, T> ||
+      (sizeof(value_type) == 1 && !kk::tops::is_integer_v<value_type> && kk::tops::is_integer_v<kk::tops::remove_const_t<P>> &&
+       sizeof(P) == 1 && (kk::tops::is_same_v<const value_type, T> || !kk::tops::is_same_v<const kk::tops::remove_const_t<P>, P>));
+
   tensor() = default;
-  KK_FN tensor(T* p, const Extents& e) : ptr(p), ext(e) {
+  template <class P, kk::tops::enable_if_t<pointer_ok<P>, int> = 0>
+  KK_FN tensor(P* p, const Extents& e) : tensor(reinterpret_cast<T*>(p), e, 0) {}
+  template <class P, class S, kk::tops::enable_if_t<pointer_ok<P>, int> = 0>
+  KK_FN tensor(P* p, const Extents& e, const array<S, R>& strides) : ptr(reinterpret_cast<T*>(p)), ext(e) {
+    for (rank_type r = 0; r < R; ++r) str[r] = index_type(strides[r]);
+    bind_plane();
+  }
+  template <class P, class S, class Q = plane_type,
+            kk::tops::enable_if_t<pointer_ok<P> && !kk::tops::is_same_v<Q, kk_detail::no_plane>, int> = 0>
+  KK_FN tensor(P* p, const Extents& e, const array<S, R>& strides, const Q& scales) : tensor(p, e, strides) {
+    plane = scales;
+    bind_plane();
+  }
+
+ private:
+  KK_FN tensor(T* p, const Extents& e, int) : ptr(p), ext(e) {
     index_type s = 1;
     for (rank_type r = 0; r < R; ++r) {
       str[r] = s;
@@ -61,16 +83,8 @@ struct tensor {
     }
     bind_plane();
   }
-  template <class S>
-  KK_FN tensor(T* p, const Extents& e, const array<S, R>& strides) : ptr(p), ext(e) {
-    for (rank_type r = 0; r < R; ++r) str[r] = index_type(strides[r]);
-    bind_plane();
-  }
-  template <class S, class P = plane_type, kk::tops::enable_if_t<!kk::tops::is_same_v<P, kk_detail::no_plane>, int> = 0>
-  KK_FN tensor(T* p, const Extents& e, const array<S, R>& strides, const P& scales) : tensor(p, e, strides) {
-    plane = scales;
-    bind_plane();
-  }
+
+ public:
 
   static constexpr KK_FN rank_type get_rank() { return R; }
   static constexpr KK_FN size_type get_static_extent(rank_type r) { return Extents::static_extent(r); }
