@@ -486,3 +486,33 @@ def test_input_tensor_views(device):
                 grid=(128 * 2, 2, 1), threadgroup=(128, 1, 1))
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
     assert info.tolist() == [4, 3, 2, float(x[0, 2, 1])]
+
+
+# Every 8-bit code of e4m3 and e5m2 (but NaN and infinity) times the identity: decoded exactly.
+FP8_CODES = """
+  constexpr auto desc = matmul2d_descriptor(16, 16, 16);
+  matmul2d<desc, execution_simdgroup> op;
+  auto A4 = tensor<const device metal_fp8_e4m3_format, dextents<int, 2>, tensor_inline>(a4, dextents<int, 2>(16, 16));
+  auto I4 = tensor<const device metal_fp8_e4m3_format, dextents<int, 2>, tensor_inline>(i4, dextents<int, 2>(16, 16));
+  auto A5 = tensor<const device metal_fp8_e5m2_format, dextents<int, 2>, tensor_inline>(a5, dextents<int, 2>(16, 16));
+  auto I5 = tensor<const device metal_fp8_e5m2_format, dextents<int, 2>, tensor_inline>(i5, dextents<int, 2>(16, 16));
+  auto C4 = tensor(o4, dextents<int, 2>(16, 16));
+  auto C5 = tensor(o5, dextents<int, 2>(16, 16));
+  op.run(A4, I4, C4);
+  op.run(A5, I5, C5);
+"""
+
+
+def test_fp8_codes_decode_exactly(device):
+    k = kk.metal_kernel("tops_fp8_codes", ["a4", "i4", "a5", "i5"], ["o4", "o5"], FP8_CODES, header=HEADER)
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(16, 16)
+    outs, refs, inputs = [], [], []
+    for fmt, one in ((torch.float8_e4m3fn, 0x38), (torch.float8_e5m2, 0x3C)):
+        finite = codes.view(fmt).float().isfinite()
+        a = torch.where(finite, codes, torch.zeros_like(codes))
+        inputs += [a.to(device), (torch.eye(16, dtype=torch.uint8) * one).to(device)]
+        refs.append(a.view(fmt).double())
+    outs = k(inputs=inputs, output_shapes=[(16, 16)] * 2, output_dtypes=[torch.float32] * 2,
+             grid=(32, 1, 1), threadgroup=(32, 1, 1))
+    for out, ref in zip(outs, refs):
+        assert torch.equal(out.double().cpu(), ref)
