@@ -69,6 +69,8 @@ def place():
     try:
         yield top, home
     finally:
+        for d in [top, *(p for p in top.rglob("*") if p.is_dir() and not p.is_symlink())]:
+            d.chmod(0o700)  # the read-only cache's directories, for a user other than root
         shutil.rmtree(top)
 
 
