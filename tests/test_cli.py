@@ -106,6 +106,14 @@ def test_cache_info_list_clear(tmp_path, monkeypatch, capsys):
                                                            cache.KEY_FILE]  # kept for running processes
 
 
+def test_cache_info_with_a_bad_size_cap_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KERNELKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KERNELKIT_CACHE_MAX", "lots")
+    r = cache_cmd(capsys=capsys)
+    assert r.returncode == 2 and r.stderr.startswith("kernelkit cache: KERNELKIT_CACHE_MAX='lots' is not a "
+                                                    "size"), r.stderr
+
+
 def test_cache_clear_never_removes_what_is_not_kernelkits(tmp_path, monkeypatch, capsys):
     """Issue 15, finding 3: KERNELKIT_CACHE_DIR=~/.cache, an easy mistake, must cost no user file."""
     root = tmp_path / ".cache"

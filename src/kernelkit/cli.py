@@ -273,7 +273,7 @@ def cache(args) -> int:
 
     store = cc.disk()
     if store is None:
-        print(f"no usable compile cache (see the warning above); nothing in {cc.cache_dir()}")
+        print(f"kernelkit cache: {cc.no_disk_reason()}", file=sys.stderr)
         return 1
     root = store.root
     if args.action == "clear":
@@ -281,12 +281,16 @@ def cache(args) -> int:
         what = "other kernelkit versions' " if args.stale else ""
         print(f"removed {removed} {what}files ({_size(size)}) from {root}")
         return 0
+    try:
+        limit = cc.max_bytes()
+    except ValueError as e:
+        print(f"kernelkit cache: {e}", file=sys.stderr)
+        return 2
     usage = cc.usage(root)
     files, size = sum(u[1] for u in usage), sum(u[2] for u in usage)
-    limit = cc.max_bytes()
     print(f"{root}: {files} files, {_size(size)} (limit {_size(limit) if limit else 'none'}"
           f"{', KERNELKIT_CACHE_MAX' if os.environ.get('KERNELKIT_CACHE_MAX') else ''})"
-          + (f"; not {store.refused}" if store.refused else ""))
+          + (f"; in place of {store.refused}" if store.refused else ""))
     for version, n, nbytes in usage:
         mark = " (this kernelkit)" if version == __version__ else " (another kernelkit version)"
         print(f"  {version}/{mark}: {n} file{'s' if n != 1 else ''}, {_size(nbytes)}")
