@@ -278,3 +278,12 @@ def test_a_planted_library_never_runs(tmp_path):
     again = _run(tmp_path, "compile")
     assert again.stdout.strip() == "ok", again.stderr
     assert not ran.exists()
+
+
+def test_a_marker_that_cannot_be_written_costs_no_caching(store):
+    root, version_dir = store
+    (version_dir / cache.MARKER).mkdir(parents=True)  # the marker's name taken by a directory
+    build = _Builds()
+    first = CompileCache().get(_key("a"), ".so", "src", build)
+    assert CompileCache().get(_key("a"), ".so", "src", build) == first and build.calls == 1
+    assert cache.version_dirs(root) == []  # not marked: `kernelkit cache clear` leaves it alone

@@ -208,12 +208,15 @@ def _signing_key(directory: Path) -> bytes | None:
     or write), made on first use, along with the directory's marker; None where there is none
     and none can be made (a read-only cache: then nothing in it verifies)."""
     path = directory / KEY_FILE
-    try:
-        if not _marked(directory):
+    if not _marked(directory):
+        try:
             _atomic_write(directory / MARKER, _MARKER_TEXT.format(directory.name).encode())
-        key = _read_regular(path, private=True)
-        if key is not None and len(key) == _KEY_BYTES:
-            return key
+        except OSError:  # a read-only cache; or the marker's name is taken: the key still works
+            pass
+    key = _read_regular(path, private=True)
+    if key is not None and len(key) == _KEY_BYTES:
+        return key
+    try:
         tmp = _temp_file(directory, os.urandom(_KEY_BYTES))
         try:
             try:
