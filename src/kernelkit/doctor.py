@@ -328,8 +328,8 @@ def probe_cache():
         detail += (f"; {sum(u[2] for u in stale) / 2**20:.1f} MiB from other kernelkit versions "
                    "(kernelkit cache clear --stale)")
     if store.refused:
-        return Finding("cache", "warn", f"{detail}; not {store.refused}: anyone who can write "
-                       "there could plant binaries", fix)
+        return Finding("cache", "warn", f"{detail}; in place of {store.refused}: whoever can "
+                       "write there could plant binaries", fix)
     if not _writable(store.directory):
         return Finding("cache", "warn", detail + "; not writable: every process recompiles", fix)
     return Finding("cache", "ok", detail)
