@@ -516,3 +516,14 @@ def test_fp8_codes_decode_exactly(device):
              grid=(32, 1, 1), threadgroup=(32, 1, 1))
     for out, ref in zip(outs, refs):
         assert torch.equal(out.double().cpu(), ref)
+
+
+def test_warpgroup_shared_memory_is_read_from_the_cubin():
+    """Each warpgroup run site names its shared memory in a symbol; the backend launches with the most."""
+    from kernelkit.backends import cuda
+    cubin = b"\x00_Z20kk_tops_dynamic_smemILi50176EE\x00_Z20kk_tops_dynamic_smemILi99328EE\x00other"
+    assert cuda.tensor_ops_shared(cubin) == 99328
+    assert cuda.tensor_ops_shared(b"no tensor ops") == 0
+    assert cuda.target_arch("sm_90", "#define KK_TENSOR_OPS 1\n") == "sm_90a"
+    assert cuda.target_arch("sm_90", "plain") == "sm_90"
+    assert cuda.target_arch("sm_80", "#define KK_TENSOR_OPS 1") == "sm_80"

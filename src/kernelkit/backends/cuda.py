@@ -219,6 +219,13 @@ class Device:
     def current(self):
         return _ContextGuard(self)
 
+    def static_shared(self, func) -> int:
+        """The kernel's static shared memory (its __shared__ / threadgroup arrays), in bytes."""
+        driver = _driver()
+        with self.current():
+            return int(_check(driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func), "cuFuncGetAttribute"))
+
     def set_max_dynamic_shared(self, func, nbytes: int) -> None:
         driver = _driver()
         with self.current():  # the function's context: torch's current device may be another
@@ -336,7 +343,11 @@ class CudaBackend:
         loaded = dev.modules.get(key)
         if loaded is None:
             cubin = CACHE.get(key, ".cubin", source, compile_)
-            loaded = dev.modules.setdefault(key, (dev.load(cubin, entry), tensor_ops_shared(cubin)))
+            func, tops_shared = dev.load(cubin, entry), tensor_ops_shared(cubin)
+            # no room beside the kernel's static shared memory: those runs take mma.sync
+            if tops_shared and tops_shared + dev.static_shared(func) > dev.max_shared_optin:
+                tops_shared = 0
+            loaded = dev.modules.setdefault(key, (func, tops_shared))
         func, tops_shared = loaded
         return _Program(dev, func, block_size, tops_shared)
 

@@ -8,11 +8,14 @@
 //     dynamic shared memory warpgroup_gemm stages through. The CUDA backend gives a tensor-op
 //     kernel what its warpgroup runs need: each run site names that amount in the cubin
 //     (kk_tops_dynamic_smem<bytes>, read by backends/cuda.py). Otherwise run takes mma.sync.
+// Not in a kernel with dynamic shared memory of its own (a CUDA body's extern __shared__, which
+// would start where the warpgroup's does: codegen defines KK_TOPS_NO_WARPGROUP), nor where the
+// kernel's static shared memory leaves no room (the backend then gives none).
 // The accumulators are warpgroup_gemm's own (its coord layout), loaded from and stored to the
 // destination tensor here: a cooperative destination keeps the mma.sync path and layout.h.
 #pragma once
 
-#if defined(KK_TARGET_CUDA) && __has_include(<kernelkit/tensor_ops/sm90_wgmma.h>)
+#if defined(KK_TARGET_CUDA) && !defined(KK_TOPS_NO_WARPGROUP) && __has_include(<kernelkit/tensor_ops/sm90_wgmma.h>)
 #include <kernelkit/tensor_ops/sm90_wgmma.h>
 #define KK_TOPS_WGMMA 1
 
