@@ -59,6 +59,8 @@ import functools
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
+from . import torch_ops as _torch_ops
+
 _LEAF = None  # the structure of a leaf (see _flatten)
 _functorch = torch._C._functorch
 _unwrap_if_dead = _functorch.unwrap_if_dead  # tensors of a torch.func transform now gone
@@ -76,9 +78,9 @@ def _flatten(tree, leaves: list):
         if type(tree) in (tuple, list) and not any(isinstance(x, _NODES) for x in tree):
             leaves.extend(tree)
             return type(tree), len(tree)
-        return type(tree), [_flatten(x, leaves) for x in tree]
+        return type(tree), tuple(_flatten(x, leaves) for x in tree)
     if isinstance(tree, dict):
-        return dict, [(k, _flatten(v, leaves)) for k, v in tree.items()]
+        return dict, tuple((k, _flatten(v, leaves)) for k, v in tree.items())
     leaves.append(tree)
     return _LEAF
 
@@ -320,6 +322,17 @@ class _Function(torch.autograd.Function):
         return tuple(outs), tuple(flat_axes)
 
 
+def vjp_gradients(fun, leaves, args_spec, kwargs_spec, n_primal, out_spec, outputs, grads) -> list:
+    """The vjp rule's gradient for each tensor leaf of a call (torch_ops' autograd formula)."""
+    tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    call = _Call(fun, args_spec, kwargs_spec, n_primal, tensor_at)
+    primals, kwargs = call.arguments(leaves)
+    if fun._vjp is None:
+        raise _missing(fun, "vjp", "differentiate it")
+    result = fun._vjp(primals, _unflatten(out_spec, grads), _unflatten(out_spec, outputs), **kwargs)
+    return _gradients(call, leaves, result)
+
+
 def _leaves(tree) -> list:
     flat = []
     _flatten(tree, flat)
@@ -388,6 +401,7 @@ class custom_function:
         name = getattr(fun, "__name__", "custom_function")
         self._function = type(name, (_Function,), {"__module__": _Function.__module__})
         self._apply = super(torch.autograd.Function, self._function).apply  # the C apply
+        self._op_number = _torch_ops.register(self)  # its name in torch.compile's op specs
 
     # As MLX, each setter returns the custom_function itself.
     def vjp(self, rule):
@@ -411,6 +425,12 @@ class custom_function:
         n_primal = len(leaves)
         kwargs_spec = _flatten(kwargs, leaves) if kwargs else None
         tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        if _torch_ops.tracing():  # torch.compile, or fake tensors: the op, with the vjp as formula
+            if not (torch.is_grad_enabled() and any(leaves[i].requires_grad for i in tensor_at)):
+                return self._fun(*args, **kwargs)  # its kernels go through kernelkit::launch
+            flat, spec = _torch_ops.custom_function_call(self, leaves, args_spec, kwargs_spec,
+                                                         n_primal)
+            return _unflatten(_torch_ops.out_spec(spec), flat)
         transformed = torch._C._are_functorch_transforms_active()
         if not transformed and _forward_ad._current_level < 0 and not (
                 torch.is_grad_enabled() and any(leaves[i].requires_grad for i in tensor_at)):

@@ -426,19 +426,21 @@ fail:
 PyObject* str_dtype = nullptr;
 PyObject* str_device = nullptr;
 PyObject* str_is_contiguous = nullptr;
+PyObject* str_requires_grad = nullptr;
 
-// (dtype, device, dim(), is_contiguous()) of a tensor; the type of anything else.
+// (dtype, device, dim(), is_contiguous(), requires_grad) of a tensor; the type of anything else.
 PyObject* fingerprint(PyObject* x) {
   if (Py_TYPE(x) != reinterpret_cast<PyTypeObject*>(tensor_type))
     return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(x)));
-  PyObject* fp = PyTuple_New(4);
+  PyObject* fp = PyTuple_New(5);
   if (fp == nullptr) return nullptr;
-  PyObject* items[4] = {PyObject_GetAttr(x, str_dtype), PyObject_GetAttr(x, str_device),
+  PyObject* items[5] = {PyObject_GetAttr(x, str_dtype), PyObject_GetAttr(x, str_device),
                         PyObject_CallMethodNoArgs(x, str_dim),
-                        PyObject_CallMethodNoArgs(x, str_is_contiguous)};
-  for (int i = 0; i < 4; ++i) {
+                        PyObject_CallMethodNoArgs(x, str_is_contiguous),
+                        PyObject_GetAttr(x, str_requires_grad)};
+  for (int i = 0; i < 5; ++i) {
     if (items[i] == nullptr) {
-      for (int j = i + 1; j < 4; ++j) Py_XDECREF(items[j]);
+      for (int j = i + 1; j < 5; ++j) Py_XDECREF(items[j]);
       Py_DECREF(fp);
       return nullptr;
     }
@@ -618,6 +620,7 @@ extern "C" PyMODINIT_FUNC PyInit__fastcall() {
   str_dtype = PyUnicode_InternFromString("dtype");
   str_device = PyUnicode_InternFromString("device");
   str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+  str_requires_grad = PyUnicode_InternFromString("requires_grad");
   str_new_empty = PyUnicode_InternFromString("new_empty");
   str_expand = PyUnicode_InternFromString("expand");
   str_numel = PyUnicode_InternFromString("numel");

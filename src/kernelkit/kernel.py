@@ -13,12 +13,13 @@ import numbers
 import os
 import re
 import struct
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
-from . import arrays, codegen, debugging, fastcall
+from . import arrays, codegen, debugging, fastcall, torch_ops
 from .arrays import DType, dtype_of
 from .backends import get_backend
 from .dialects import identifiers
@@ -110,6 +111,8 @@ class Kernel:
         self._plans: dict[tuple, object] = {}  # plain calls already made: run(inputs, shapes)
         self._filled_plans: dict[tuple, dict] = {}  # the same for calls with an init_value, by value
         self._seen: set[tuple] = set()  # keys of plain calls made once
+        self._grad_warned = False  # warned once that it is not differentiable
+        self._op_number = torch_ops.register(self)  # its name in torch.compile's op specs
 
     # --- construction checks ----------------------------------------------------------------
 
@@ -147,6 +150,12 @@ class Kernel:
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
                  init_value=None, verbose: bool = False, stream=None, ensure_row_contiguous=None,
                  check_bounds=None, timeout=None):
+        if torch_ops.tracing():  # torch.compile, or fake tensors: the opaque op
+            if stream is not None or verbose or check_bounds or timeout is not None:
+                raise ValueError(f"[{self.caller}] stream, verbose, check_bounds and timeout are "
+                                 "not supported under torch.compile; call the kernel eagerly.")
+            return torch_ops.launch(self, inputs, output_shapes, output_dtypes, grid, threadgroup,
+                                    template, init_value, ensure_row_contiguous)
         key = plans = None
         if stream is None and ensure_row_contiguous is None and not verbose and check_bounds is None \
                 and timeout is None:
@@ -183,6 +192,12 @@ class Kernel:
         contiguous = self.ensure_row_contiguous if ensure_row_contiguous is None else ensure_row_contiguous
 
         tensors, specs, device, numpy_in = self._inputs(inputs, contiguous)
+        if not self._grad_warned and torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+            self._grad_warned = True
+            warnings.warn(f"[{c}] kernel {self.name!r} is not differentiable: its outputs do not "
+                          "require grad, so no gradient flows back to its inputs. Wrap the call in "
+                          "a kk.custom_function with a vjp rule to differentiate it.", stacklevel=3)
         device = arrays.resolve_stream(stream, device)
         backend = get_backend(device)
         out_dtypes = _memo(self._checked, ("dtypes", *output_dtypes), lambda: tuple(
@@ -391,9 +406,9 @@ class Kernel:
     def _hints(self, specs) -> list[str]:
         """What a failed compile may come from, in the user's terms: habits from other tools."""
         hints = []
-        for name, spec in zip(self.input_names, specs):
-            scalar = spec.by_value if self.dialect.NAME == "cuda_kernel" else spec.scalar
-            if scalar and re.search(rf"\b{name}\s*\[", self.source):
+        for name, spec in zip(self.input_names, specs):  # (CUDA's read every input as name[i])
+            if self.dialect.NAME == "metal_kernel" and spec.scalar and \
+                    re.search(rf"\b{name}\s*\[", self.source):
                 hints.append(f"input {name!r} is a 0-d array or a Python number: it is passed as a "
                              f"value (`const constant T& {name}`), not a pointer; write `{name}`, "
                              "not an index into it, or pass a 1-element array.")
@@ -435,7 +450,8 @@ def _plan_key(inputs, output_dtypes, grid, threadgroup, template) -> tuple | Non
         except TypeError:
             return None
     key = (_dims_key(grid), _dims_key(threadgroup), template, len(inputs), *(
-        (x.dtype, x.device, x.dim(), x.is_contiguous()) if type(x) is torch.Tensor else type(x)
+        (x.dtype, x.device, x.dim(), x.is_contiguous(), x.requires_grad) if type(x) is torch.Tensor
+        else type(x)
         for x in inputs), *output_dtypes)
     try:
         hash(key)

@@ -758,9 +758,16 @@ def _vector(C: int, itemsize: int, *tensors) -> int:
     accesses aligned."""
     for v in (8, 4, 2):
         size = v * itemsize
-        if size <= 16 and C % v == 0 and all(t.data_ptr() % size == 0 for t in tensors):
+        if size <= 16 and C % v == 0 and all(_aligned(t, size) for t in tensors):
             return v
     return 1
+
+
+def _aligned(t: torch.Tensor, size: int) -> bool:
+    try:
+        return t.data_ptr() % size == 0
+    except RuntimeError:  # no data (torch.compile's fake tensors): what the real call sees decides
+        return True
 
 
 def _lanes(vectors: int, size: int, device: torch.device) -> int:

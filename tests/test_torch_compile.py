@@ -1,0 +1,145 @@
+"""kernelkit under torch.compile, torch.library and CUDA graphs: kernel calls and custom_functions
+are opaque custom ops (kernelkit::launch, kernelkit::custom_function) with fake implementations,
+so torch.compile traces them without a graph break (fullgraph, dynamic shapes), opcheck passes,
+and CUDA graphs capture them. Eager calls keep the fast path (tests/test_fast_path.py)."""
+
+import warnings
+
+import pytest
+import torch
+
+import kernelkit as kk
+from kernelkit import torch_ops
+
+SQUARE = "uint i = thread_position_in_grid.x; y[i] = x[i] * x[i] + T(s);"
+CUDA_SQUARE = "int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n[0]) y[i] = x[i] * x[i] + s[0];"
+
+
+def _square(x, k):
+    return k(inputs=[x], grid=(x.numel(), 1, 1), threadgroup=(32, 1, 1), output_shapes=[x.shape],
+             output_dtypes=[x.dtype], template=[("T", x.dtype), ("s", 1)])[0]
+
+
+def _no_breaks(fn, *args):
+    explained = torch._dynamo.explain(fn)(*args)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_kernel_call_compiles_without_a_graph_break(device, dynamic):
+    k = kk.metal_kernel("square", ["x"], ["y"], SQUARE)
+    c = kk.cuda_kernel("cuda_square", ["x", "n", "s"], ["y"], CUDA_SQUARE)
+
+    def f(x):
+        y = _square(x, k) * 2
+        z = c(inputs=[x, x.numel(), 1.0], grid=(x.numel(), 1, 1), threadgroup=(64, 1, 1),
+              output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+        return y + z
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic)
+    for n in (64, 100, 37):
+        x = torch.randn(n, device=device)
+        torch.testing.assert_close(compiled(x), 3 * (x * x + 1))
+    _no_breaks(f, torch.randn(8, device=device))
+
+
+@kk.custom_function
+def cube(x, scale=1.0):
+    return _square(x, kk.metal_kernel("square", ["x"], ["y"], SQUARE)) * x * scale
+
+
+@cube.vjp
+def cube_vjp(primals, cotangent, output, scale=1.0):
+    return 3 * primals * primals * cotangent * scale
+
+
+def test_training_step_through_a_custom_function(device):
+    lin = torch.nn.Linear(16, 16).to(device)
+
+    def step(x):
+        return cube(lin(x), scale=0.5).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for n in (4, 7):
+        x = torch.randn(n, 16, device=device)
+        lin.zero_grad()
+        step(x).backward()
+        eager = [p.grad.clone() for p in lin.parameters()]
+        lin.zero_grad()
+        loss = compiled(x)
+        loss.backward()
+        for a, b in zip(eager, [p.grad for p in lin.parameters()]):
+            torch.testing.assert_close(a, b)
+        h = lin(x).detach()
+        torch.testing.assert_close(loss, ((h * h + 1) * h * 0.5).sum(), rtol=1e-5, atol=1e-5)
+    _no_breaks(step, torch.randn(4, 16, device=device))
+
+
+@pytest.mark.slow
+def test_ops_compile_and_train(device):
+    x = torch.randn(2, 8, 8, 4, device=device, requires_grad=True)
+    g = (torch.rand(2, 5, 6, 2, device=device) * 2 - 1).requires_grad_()
+    a = torch.randn(3, 16, 24, device=device, requires_grad=True)
+    b = torch.randn(3, 24, 8, device=device, requires_grad=True)
+    bias = torch.randn(8, device=device, requires_grad=True)
+
+    def step(x, g, a, b, bias):
+        s = kk.ops.grid_sample(x, g, mode="bilinear", padding_mode="border", align_corners=True)
+        return (s * s).sum() + kk.ops.matmul_add_relu(a, b, bias).sum() + kk.ops.exp(bias.detach()).sum()
+
+    torch._dynamo.reset()
+    args = (x, g, a, b, bias)
+    eager = torch.autograd.grad(step(*args), args)
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(*args), args)
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(e, c, rtol=1e-4, atol=1e-4)
+    _no_breaks(step, *args)
+
+
+def test_opcheck(device):
+    k = kk.metal_kernel("square", ["x"], ["y"], SQUARE)
+    x = torch.randn(40, device=device)
+    spec = torch_ops._launch_spec(k._op_number, "t", (("T", torch.float32), ("s", 1)),
+                                  (torch.float32,), (1,), None, None)
+    torch.library.opcheck(torch.ops.kernelkit.launch, (spec, [x], [], [40, 1, 1], [32, 1, 1], [40]))
+    xg = torch.randn(40, device=device, requires_grad=True)
+    spec = torch_ops._call_spec(cube._op_number, (tuple, 1), None, 1, (0,), ())
+    torch.library.opcheck(torch.ops.kernelkit.custom_function, (spec, [xg]))
+
+
+def test_a_plain_kernel_on_inputs_that_require_grad_warns(device):
+    k = kk.metal_kernel("square", ["x"], ["y"], SQUARE)
+    x = torch.randn(8, device=device, requires_grad=True)
+    with pytest.warns(UserWarning, match="kernel 'square' is not differentiable"):
+        out = _square(x, k)
+    assert not out.requires_grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _square(x, k)  # once per kernel
+        with torch.no_grad():
+            _square(x, kk.metal_kernel("square", ["x"], ["y"], SQUARE + " "))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay():
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    k = kk.metal_kernel("square", ["x"], ["y"], SQUARE)
+    x = torch.randn(256, device="cuda")
+    for _ in range(3):  # warm: compiled, planned
+        _square(x, k)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = _square(x, k)
+    for _ in range(2):
+        x.copy_(torch.randn(256, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, x * x + 1)
+    compiled = torch.compile(lambda t: _square(t, k) * 2, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        t = torch.randn(256, device="cuda")
+        torch.testing.assert_close(compiled(t), 2 * (t * t + 1))
