@@ -46,8 +46,7 @@ def _compile_every_kernel_for_sm90():
     if not SM90_CHECK:
         yield
         return
-    from kernelkit.backends import cuda
-    from kernelkit.cache import CACHE, key_of
+    from kernelkit import cross
     from kernelkit.kernel import Kernel
 
     original = Kernel._build
@@ -56,11 +55,7 @@ def _compile_every_kernel_for_sm90():
         variant = original(self, *args, **kwargs)
         if _HOST_ONLY[0]:
             return variant
-        source = self._generate("cuda", variant.signature)  # checked variants too
-        flags = tuple(self.dialect.compile_flags("cuda", self.math_mode))
-        arch = cuda.target_arch("sm_90", source)  # sm_90a for tensor-op kernels, as on an H100
-        CACHE.get(key_of(source, self.math_mode, *flags, arch, cuda.nvrtc_identity()), ".cubin",
-                  source, lambda: cuda.compile_source(source, arch, self.math_mode, flags))
+        cross.build_for(self, variant.signature, "sm_90")  # sm_90a for tensor-op kernels
         return variant
 
     Kernel._build = build

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING  # noqa: E402
 from .autodiff import custom_function  # noqa: E402
 from .dialects import cuda as _cuda, metal as _metal  # noqa: E402
 from .kernel import prepared as _prepared  # noqa: E402
+from .cross import CompiledKernel, compile_for  # noqa: E402
 from .errors import CompileError, GPUFault, KernelLaunchError, UnwrittenOutputWarning  # noqa: E402
 from .preconditions import Preconditions  # noqa: E402
 
@@ -190,5 +191,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'kernelkit' has no attribute {name!r}")
 
 
-__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "ops", "CompileError",
+__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "compile_for", "CompiledKernel", "ops",
+           "CompileError",
            "KernelLaunchError", "GPUFault", "UnwrittenOutputWarning", "__version__"]

@@ -311,7 +311,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kernelkit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"kernelkit {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,bench,doctor,cache}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,bench,doctor,cache,check}")
 
     p = sub.add_parser("demo", help="run five example kernels, check them, time them against torch",
                        description="Run five example kernels (exp, exp of a strided view, grid_sample "
@@ -366,7 +366,47 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stale", action="store_true", help="with clear: only other kernelkit versions' "
                    "entries (their directories go too)")
     p.set_defaults(func=cache)
+
+    p = sub.add_parser("check", help="run a script, compiling each kernel it builds for GPU "
+                       "architectures (no GPU needed)",
+                       description="kernelkit check [--arch sm_XX]... FILE.py [ARGS...]: run FILE.py "
+                       "as `python FILE.py ARGS` would (options before FILE.py); every "
+                       "kernel it builds is also compiled with NVRTC for each --arch, which needs no "
+                       "GPU: a CPU-only CI proves its kernels compile for the GPUs it ships to. Exits "
+                       "1 at the first kernel that does not compile (the compiler's message on your "
+                       "lines), else with the script's status.")
+    p.add_argument("file", metavar="FILE.py")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.add_argument("--arch", action="append", metavar="sm_XX",
+                   help="an architecture to compile for (repeatable; default sm_90)")
+    p.set_defaults(func=check)
     return ap
+
+
+def check(args) -> int:
+    """`kernelkit check FILE.py`: the script runs; its kernels are compiled for --arch too."""
+    import runpy
+
+    from . import cross
+    from .errors import CompileError
+    archs = args.arch or ["sm_90"]
+    cross.set_check_archs(archs)
+    argv, sys.argv = sys.argv, [args.file, *args.args]
+    try:
+        runpy.run_path(args.file, run_name="__main__")
+        status = 0
+    except CompileError as e:
+        print(f"kernelkit check: {e}", file=sys.stderr)
+        return 1
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+        cross.set_check_archs(None)
+    names = sorted({name for name, _ in cross.compiled})
+    print(f"kernelkit check: {len(names)} kernel(s) compiled for {', '.join(archs)}: "
+          f"{', '.join(names) or 'none'}", file=sys.stderr)
+    return status
 
 
 def main(argv=None) -> int:

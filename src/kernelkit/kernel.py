@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import arrays, codegen, debugging, fastcall, torch_ops
+from . import arrays, codegen, cross, debugging, fastcall, torch_ops
 from .arrays import DType, dtype_of
 from .backends import get_backend
 from .dialects import identifiers
@@ -399,6 +399,8 @@ class Kernel:
             raise
         if plan is not None:
             debugging.prepare(program)
+        for arch in cross.check_archs():  # KERNELKIT_CHECK_ARCH / kernelkit check: every arch too
+            cross.build_for(self, sig, arch)
         variant = Variant(sig, source, program, sig.packer(), plan)
         self._variants[key] = variant
         return variant
