@@ -38,7 +38,7 @@ def main():
     print(f"torch.matmul bf16 {n}^3: {ms:.3f} ms, {flop / ms / 1e9:.0f} TFLOP/s")
     ref = a.float() @ b.float()
     for tm, tn in [(128, 128), (64, 32)]:
-        tmpl = [("TILEM", tm), ("TILEN", tn), ("TR", False), ("ACC", False), ("RELAXED", False)]
+        tmpl = [("TILEM", tm), ("TILEN", tn), ("TL", False), ("TR", False), ("ACC", False), ("RELAXED", False)]
         grid = (128 * n // tn, n // tm, 1)
         for report in (True, False):
             os.environ["KERNELKIT_TENSOR_OPS_REPORT"] = "1" if report else "0"

@@ -15,14 +15,14 @@ using namespace mpp::tensor_ops;
 # The talk's tiled matmul: each threadgroup slices its tile and calls run once over all of K.
 TILE_MATMUL = """
   const uint2 tgid = threadgroup_position_in_grid.xy;
-  const int M = a_shape[0], K = a_shape[1], N = TR ? b_shape[0] : b_shape[1];
-  auto A = tensor(a, dextents<int, 2>(K, M), array<int, 2>({1, K}));
+  const int M = TL ? a_shape[1] : a_shape[0], K = TL ? a_shape[0] : a_shape[1], N = TR ? b_shape[0] : b_shape[1];
+  auto A = TL ? tensor(a, dextents<int, 2>(M, K), array<int, 2>({1, M})) : tensor(a, dextents<int, 2>(K, M), array<int, 2>({1, K}));
   auto B = TR ? tensor(b, dextents<int, 2>(K, N)) : tensor(b, dextents<int, 2>(N, K));
   auto C = tensor(c, dextents<int, 2>(N, M));
-  auto tA = A.slice(0, tgid.y * TILEM);
+  auto tA = TL ? A.slice(tgid.y * TILEM, 0) : A.slice(0, tgid.y * TILEM);
   auto tB = TR ? B.slice(0, tgid.x * TILEN) : B.slice(tgid.x * TILEN, 0);
   auto tC = C.slice(tgid.x * TILEN, tgid.y * TILEM);
-  constexpr auto descriptor = matmul2d_descriptor(TILEM, TILEN, dynamic_length_v<int>, false, TR, RELAXED,
+  constexpr auto descriptor = matmul2d_descriptor(TILEM, TILEN, dynamic_length_v<int>, TL, TR, RELAXED,
       ACC ? matmul2d_descriptor::mode::multiply_accumulate : matmul2d_descriptor::mode::multiply);
   matmul2d<descriptor, execution_simdgroups<4>> op;
   op.run(tA, tB, tC);
@@ -36,15 +36,15 @@ def _rand(shape, dtype, device):
     return torch.randn(shape, device=device).to(dtype)
 
 
-def _tile_matmul(device, dtype, out_dtype, M, N, K, TM=32, TN=16, tr=False, acc=False, relaxed=False):
+def _tile_matmul(device, dtype, out_dtype, M, N, K, TM=32, TN=16, tl=False, tr=False, acc=False, relaxed=False):
     k = kk.metal_kernel("tops_tile_matmul", ["a", "b"], ["c"], TILE_MATMUL, header=HEADER)
-    a, b = _rand((M, K), dtype, device), _rand((N, K) if tr else (K, N), dtype, device)
+    a, b = _rand((K, M) if tl else (M, K), dtype, device), _rand((N, K) if tr else (K, N), dtype, device)
     grid = (128 * -(-N // TN), -(-M // TM), 1)
     init = 1 if acc else None
     c = k(inputs=[a, b], output_shapes=[(M, N)], output_dtypes=[out_dtype], grid=grid, threadgroup=(128, 1, 1),
-          template=[("TILEM", TM), ("TILEN", TN), ("TR", tr), ("ACC", acc), ("RELAXED", relaxed)],
+          template=[("TILEM", TM), ("TILEN", TN), ("TL", tl), ("TR", tr), ("ACC", acc), ("RELAXED", relaxed)],
           init_value=init)[0]
-    ref = a.double() @ (b.double().T if tr else b.double()) + (1 if acc else 0)
+    ref = (a.double().T if tl else a.double()) @ (b.double().T if tr else b.double()) + (1 if acc else 0)
     return c, ref
 
 
@@ -67,6 +67,11 @@ def test_tile_matmul_transposed_accumulate_relaxed(device):
     """transpose_right, multiply_accumulate onto the destination, relaxed float (tf32 allowed)."""
     c, ref = _tile_matmul(device, torch.float32, torch.float32, 40, 33, 50, tr=True, acc=True, relaxed=True)
     torch.testing.assert_close(c.double(), ref, rtol=3e-3, atol=3e-2)
+
+
+def test_tile_matmul_both_transposed(device):
+    c, ref = _tile_matmul(device, torch.float16, torch.float32, 40, 33, 50, tl=True, tr=True)
+    torch.testing.assert_close(c.double(), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_int8_matmul_into_int32(device):
@@ -406,7 +411,7 @@ def test_scope_mismatch_is_a_clear_error():
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     with pytest.raises(kk.KernelLaunchError, match=r"matmul2d::run \(body:\d+\).*4 SIMD-group.*has 64 threads"):
         k(inputs=[a, b], output_shapes=[(8, 8)], output_dtypes=[torch.float32], grid=(64, 1, 1), threadgroup=(64, 1, 1),
-          template=[("TILEM", 32), ("TILEN", 16), ("TR", False), ("ACC", False), ("RELAXED", False)])
+          template=[("TILEM", 32), ("TILEN", 16), ("TL", False), ("TR", False), ("ACC", False), ("RELAXED", False)])
 
 
 def test_bad_operand_is_a_clear_compile_error():
@@ -472,6 +477,8 @@ VIEWS = """
   if (thread_position_in_grid.x == 0 && thread_position_in_grid.y == 0) {
     for (int d = 0; d < 3; ++d) info[d] = x_tensor.get_extent(d);
     info[3] = x_tensor(1, 2, 0);
+    tensor<const device float, dextents<int, 2>, tensor_offset> bo(b, dextents<int, 2>(20, 24));  // Apple's comments' spelling
+    info[4] = bo.slice(1, 2)(0, 0);
   }
 """
 
@@ -482,10 +489,10 @@ def test_input_tensor_views(device):
     k = kk.metal_kernel("tops_views", ["a", "b", "x"], ["c", "info"], VIEWS, header=HEADER, ensure_row_contiguous=False)
     a = torch.randn(K, M, device=device).T
     b, x = torch.randn(K, N, device=device), torch.randn(2, 3, 4, device=device)
-    c, info = k(inputs=[a, b, x], output_shapes=[(M, N), (4,)], output_dtypes=[torch.float32] * 2,
+    c, info = k(inputs=[a, b, x], output_shapes=[(M, N), (5,)], output_dtypes=[torch.float32] * 2,
                 grid=(128 * 2, 2, 1), threadgroup=(128, 1, 1))
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
-    assert info.tolist() == [4, 3, 2, float(x[0, 2, 1])]
+    assert info.tolist() == [4, 3, 2, float(x[0, 2, 1]), float(b[2, 1])]
 
 
 # Every 8-bit code of e4m3 and e5m2 (but NaN and infinity) times the identity: decoded exactly.

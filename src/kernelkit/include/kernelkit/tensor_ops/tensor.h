@@ -31,7 +31,9 @@ template <class... Tags> inline constexpr bool has_offset_v = (kk::tops::is_same
 
 template <class T, class Extents, class Descriptor = tensor_handle, class... Tags>
 struct tensor {
-  static_assert(kk::tops::is_same_v<Descriptor, tensor_handle> || kk::tops::is_same_v<Descriptor, tensor_inline>,
+  // (Apple's doc comments also write tensor_offset in the descriptor's place: a handle's view, here too.)
+  static_assert(kk::tops::is_same_v<Descriptor, tensor_handle> || kk::tops::is_same_v<Descriptor, tensor_inline> ||
+                    kk::tops::is_same_v<Descriptor, tensor_offset>,
                 "tensor: Descriptor template parameter must be one of tensor_handle or tensor_inline");
   static_assert(!kk_detail::has_offset_v<Tags...> || kk::tops::is_same_v<Descriptor, tensor_handle>,
                 "tensor: tensor_offset is a tag of tensor_handle tensors only");
