@@ -7,9 +7,10 @@
 // this op's getters. The tile is descriptor.m x descriptor.n; K is descriptor.k, or with a dynamic
 // k the left tensor's K extent (the right's when the left is cooperative). Elements past an
 // operand's extents read as zero; destination elements past its extents are not written.
-// The path (layout.h for the registers, README "Tensor ops" for the table) is chosen in one
-// place, path_of below: the tensor cores (mma_sync.h) where the target and the types allow, the
-// loops (loops.h) elsewhere.
+// The path is chosen here (DESIGN.md "Tensor ops" has the table): run takes the warpgroup path
+// (warpgroup.h, sm_90a) where it applies and is ready, else path_of below: the warp's tensor cores
+// (mma_sync.h) where the target and the types allow, the loops (loops.h) elsewhere. Every path
+// leaves a cooperative destination in layout.h's layout.
 #pragma once
 
 namespace kk {
