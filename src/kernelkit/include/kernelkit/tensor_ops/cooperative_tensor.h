@@ -84,9 +84,9 @@ struct cooperative_tensor {
     using Other = typename kk::tops::remove_cvref_t<decltype(*it.ct)>::layout;
     static_assert(kk::tops::iterator_compatible_v<Other, Layout>,
                   "map_iterator: the cooperative tensors do not come from the same op's scope and extents");
-    int row, col;
-    Other::output_at(it.idx, row, col);
-    const int i = Layout::index_of_output(row, col);
+    int row, col;  // in the destination's (row, column) space, as every layout of one op
+    Other::at(it.idx, row, col);
+    const int i = Layout::index_of(row, col);
     return {this, i < 0 ? capacity : i};
   }
 

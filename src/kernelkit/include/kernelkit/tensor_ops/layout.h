@@ -123,9 +123,6 @@ struct layout {
     else if constexpr (Role == role::right) return index_of(c[0], c[1]);
     else return index_of(c[1], c[0]);
   }
-  // In the index space of a destination (row, column): what map_iterator matches on.
-  KK_FN static void output_at(int i, int& row, int& col) { at(i, row, col); }
-  KK_FN static int index_of_output(int row, int col) { return index_of(row, col); }
 };
 
 template <class T> inline constexpr bool is_layout_v = false;

@@ -156,7 +156,6 @@ struct tensor {
       if constexpr (R > 1) p.origin1 += int(o[1]);
     }
   }
-  template <class, class, class, class...> friend struct tensor;
 };
 
 // tensor(pointer, extents[, strides[, scales]]): an inline tensor, as kernels write it.
