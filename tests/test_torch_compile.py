@@ -101,11 +101,11 @@ def test_ops_compile_and_train(device):
 def test_opcheck(device):
     k = kk.metal_kernel("square", ["x"], ["y"], SQUARE)
     x = torch.randn(40, device=device)
-    spec = torch_ops._launch_spec(k._op_number, "t", (("T", torch.float32), ("s", 1)),
+    spec = torch_ops._launch_spec(k._op_key, "t", (("T", torch.float32), ("s", 1)),
                                   (torch.float32,), (1,), None, None)
     torch.library.opcheck(torch.ops.kernelkit.launch, (spec, [x], [], [40, 1, 1], [32, 1, 1], [40]))
     xg = torch.randn(40, device=device, requires_grad=True)
-    spec = torch_ops._call_spec(cube._op_number, (tuple, 1), None, 1, (0,), ())
+    spec = torch_ops._call_spec(cube._op_key, (tuple, 1), None, 1, (0,), ())
     torch.library.opcheck(torch.ops.kernelkit.custom_function, (spec, [xg]))
 
 
@@ -143,3 +143,36 @@ def test_cuda_graph_capture_and_replay():
     for _ in range(3):
         t = torch.randn(256, device="cuda")
         torch.testing.assert_close(compiled(t), 2 * (t * t + 1))
+
+
+STEP_SCRIPT = """
+import torch, kernelkit as kk
+torch.manual_seed(0)
+x = torch.randn(2, 8, 8, 4, requires_grad=True)
+g = (torch.rand(2, 5, 6, 2) * 2 - 1).requires_grad_()
+a = torch.randn(3, 16, 24, requires_grad=True)
+b = torch.randn(3, 24, 8, requires_grad=True)
+bias = torch.randn(8, requires_grad=True)
+def step(x, g, a, b, bias):
+    s = kk.ops.grid_sample(x, g, mode="bilinear", padding_mode="border", align_corners=True)
+    return (s * s).sum() + kk.ops.matmul_add_relu(a, b, bias).sum()
+args = (x, g, a, b, bias)
+eager = torch.autograd.grad(step(*args), args)
+compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(*args), args)
+print(max(float((p - q).abs().max()) for p, q in zip(eager, compiled)))
+"""
+
+
+@pytest.mark.slow
+def test_graphs_from_torchs_caches_in_another_process(tmp_path):
+    """torch.compile's on-disk caches give a later process the graphs (forward and backward) an
+    earlier one compiled: their kernelkit ops must mean the same calls there."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", STEP_SCRIPT], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert float(run.stdout.split()[-1]) < 1e-4

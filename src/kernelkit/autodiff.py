@@ -401,7 +401,7 @@ class custom_function:
         name = getattr(fun, "__name__", "custom_function")
         self._function = type(name, (_Function,), {"__module__": _Function.__module__})
         self._apply = super(torch.autograd.Function, self._function).apply  # the C apply
-        self._op_number = _torch_ops.register(self)  # its name in torch.compile's op specs
+        self._op_key = _torch_ops.function_key(self)  # its name in torch.compile's op specs
 
     # As MLX, each setter returns the custom_function itself.
     def vjp(self, rule):

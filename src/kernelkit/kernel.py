@@ -112,7 +112,7 @@ class Kernel:
         self._filled_plans: dict[tuple, dict] = {}  # the same for calls with an init_value, by value
         self._seen: set[tuple] = set()  # keys of plain calls made once
         self._grad_warned = False  # warned once that it is not differentiable
-        self._op_number = torch_ops.register(self)  # its name in torch.compile's op specs
+        self._op_key = torch_ops.kernel_key(self)  # its name in torch.compile's op specs
 
     # --- construction checks ----------------------------------------------------------------
 

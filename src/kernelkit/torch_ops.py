@@ -11,53 +11,62 @@ goes through one of two opaque ops instead:
   op's autograd formula. Its fake implementation runs the function on fake tensors, where each of
   its kernels answers through `kernelkit::launch`'s.
 
-What the ops' arguments cannot carry (the kernel, template values, dtypes, init_value, the
-structure and non-tensor arguments of a custom_function call) is a *spec*, registered once per
-distinct value and passed by number; Dynamo computes the number while tracing (a constant of the
-graph).
+What the ops' arguments cannot carry (which kernel or function, template values, dtypes,
+init_value, the structure and non-tensor arguments of a custom_function call) is the *spec*: a
+string that says it all in Python literals, so that a graph compiled in one process and taken
+from torch's caches in another still means the same call. Kernels and functions are named in it
+by keys that the same program makes again in every process (see `register`). Dynamo computes a
+spec while tracing (a constant of the graph).
 """
 
 from __future__ import annotations
 
-import itertools
+import ast
+import functools
+import hashlib
 import threading
 import weakref
-from typing import NamedTuple
 
 import torch
 
-# Kernels and custom_functions by name, given at construction (outside any tracing: Dynamo
-# would defer the registration past the graph that needs it). Weak: a compiled graph's function
-# holds what it calls.
+# Kernels and custom_functions by key, registered at construction (outside any tracing).
+# Weak: whatever a compiled graph calls is held by the code that calls it.
 _OBJECTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_next_number = itertools.count()
-_SPECS: list = []  # spec number -> _Launch or _Call
-_SPEC_NUMBERS: dict = {}
+_SEEN_NAMES: dict = {}  # custom_function qualname -> how many were made
+_LOCAL: dict = {}  # spec -> non-literal arguments of a custom_function call (this process only)
 _SCALAR_KINDS = {bool: "b", int: "i", float: "f"}
 _SCALAR_TYPES = {"b": bool, "i": int, "f": float}
-
-
-def register(obj) -> str:
-    """A name for a kernel or custom_function, by which the ops' specs find it (a string: Dynamo
-    keeps strings constant, where an int attribute may become symbolic under dynamic shapes)."""
-    name = f"#{next(_next_number)}"
-    _OBJECTS[name] = obj
-    return name
-
-
-def _number(spec) -> int:
-    try:
-        n = _SPEC_NUMBERS.get(spec)
-    except TypeError:  # an unhashable non-tensor argument: a number of its own
-        _SPECS.append(spec)
-        return len(_SPECS) - 1
-    if n is None:
-        n = _SPEC_NUMBERS[spec] = len(_SPECS)
-        _SPECS.append(spec)
-    return n
-
-
 _fake = threading.local()  # fake.depth > 0: inside a fake implementation (its mode is off there)
+
+
+def kernel_key(kernel) -> str:
+    """A kernel's key: its dialect, name and a digest of everything that makes it (every process
+    that builds the same kernel gets the same key)."""
+    what = repr((kernel.caller, kernel.name, kernel.input_names, kernel.output_names, kernel.source,
+                 kernel.header, kernel.ensure_row_contiguous, kernel.atomic_outputs,
+                 kernel.math_mode, kernel.shared_memory))
+    key = f"{kernel.caller}:{kernel.name}:{hashlib.sha1(what.encode()).hexdigest()[:16]}"
+    _OBJECTS[key] = kernel
+    return key
+
+
+def function_key(fun) -> str:
+    """A custom_function's key: its qualified name, and its rank among those of that name
+    (functions made in a loop), in the order the program makes them."""
+    name = f"{getattr(fun, '__module__', '?')}.{getattr(fun, '__qualname__', fun.__name__)}"
+    n = _SEEN_NAMES[name] = _SEEN_NAMES.get(name, 0) + 1
+    key = f"{name}#{n}"
+    _OBJECTS[key] = fun
+    return key
+
+
+def _find(key: str):
+    obj = _OBJECTS.get(key)
+    if obj is None:
+        raise RuntimeError(f"[kernelkit] a compiled graph calls {key!r}, which this process has not "
+                           "built (torch.compile's caches hold graphs of other runs): build it first, "
+                           "as the program that compiled the graph did.")
+    return obj
 
 
 def tracing() -> bool:
@@ -67,33 +76,35 @@ def tracing() -> bool:
         torch._C._TorchDispatchModeKey.FAKE) is not None or getattr(_fake, "depth", 0) > 0
 
 
+def _literal(value):
+    """value with torch dtypes as ("dtype", name): a Python literal."""
+    if isinstance(value, torch.dtype):
+        return ("dtype", str(value).removeprefix("torch."))
+    if isinstance(value, (tuple, list)):
+        return tuple(_literal(v) for v in value)
+    return value
+
+
+def _unliteral(value):
+    if isinstance(value, tuple):
+        if len(value) == 2 and value[0] == "dtype" and isinstance(value[1], str):
+            return getattr(torch, value[1])
+        return tuple(_unliteral(v) for v in value)
+    return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(spec: str):
+    return _unliteral(ast.literal_eval(spec))
+
+
 # --- kernel calls -------------------------------------------------------------------------------
 
-class _Launch(NamedTuple):
-    kernel: str  # the kernel's name in _OBJECTS
-    layout: str  # per input: "t" a tensor, "b"/"i"/"f" a Python scalar
-    template: tuple | None
-    output_dtypes: tuple
-    ndims: tuple  # each output's number of dims
-    init_value: object
-    contiguous: bool | None
-
-    def inputs(self, tensors, scalars) -> list:
-        t, s = iter(tensors), iter(scalars)
-        return [next(t) if k == "t" else _SCALAR_TYPES[k](next(s)) for k in self.layout]
-
-    def shapes(self, flat) -> list[list]:
-        out, i = [], 0
-        for n in self.ndims:
-            out.append(list(flat[i:i + n]))
-            i += n
-        return out
-
-
 @torch._dynamo.assume_constant_result
-def _launch_spec(kernel_number, layout, template, output_dtypes, ndims, init_value, contiguous) -> int:
-    return _number(_Launch(kernel_number, layout, template, output_dtypes, ndims, init_value,
-                           contiguous))
+def _launch_spec(kernel: str, layout, template, output_dtypes, ndims, init_value, contiguous) -> str:
+    spec = repr(_literal((kernel, layout, template, output_dtypes, ndims, init_value, contiguous)))
+    ast.literal_eval(spec)  # a literal, or the arguments hold something a graph cannot keep
+    return spec
 
 
 def launch(kernel, inputs, output_shapes, output_dtypes, grid, threadgroup, template, init_value,
@@ -106,96 +117,136 @@ def launch(kernel, inputs, output_shapes, output_dtypes, grid, threadgroup, temp
     if "?" in layout:
         raise TypeError(f"[{kernel.caller}] under torch.compile, inputs must be tensors or Python "
                         f"bool/int/float; got {[type(x).__name__ for x in inputs]}.")
-    spec = _launch_spec(kernel._op_number, layout,
+    spec = _launch_spec(kernel._op_key, layout,
                         None if template is None else tuple(tuple(p) for p in template),
                         tuple(output_dtypes), tuple(len(s) for s in output_shapes),
-                        None if init_value is None else (tuple(init_value) if isinstance(
-                            init_value, (list, tuple)) else init_value), contiguous)
+                        tuple(init_value) if isinstance(init_value, (list, tuple)) else init_value,
+                        contiguous)
     shapes = [s for shape in output_shapes for s in shape]
     return torch.ops.kernelkit.launch(spec, tensors, scalars, list(grid), list(threadgroup), shapes)
 
 
+def _launch_parts(spec: str, shapes):
+    kernel, layout, template, dtypes, ndims, init, contiguous = _parse(spec)
+    out, i = [], 0
+    for n in ndims:
+        out.append(tuple(shapes[i:i + n]))
+        i += n
+    return _find(kernel), layout, template, dtypes, out, init, contiguous
+
+
 @torch.library.custom_op("kernelkit::launch", mutates_args=())
-def _launch(spec: int, tensors: list[torch.Tensor], scalars: list[float], grid: list[int],
+def _launch(spec: str, tensors: list[torch.Tensor], scalars: list[float], grid: list[int],
             threadgroup: list[int], shapes: list[int]) -> list[torch.Tensor]:
-    s = _SPECS[spec]
-    return _OBJECTS[s.kernel](
-        inputs=s.inputs(tensors, scalars), output_shapes=[tuple(x) for x in s.shapes(shapes)],
-        output_dtypes=list(s.output_dtypes), grid=tuple(grid), threadgroup=tuple(threadgroup),
-        template=None if s.template is None else list(s.template), init_value=s.init_value,
-        ensure_row_contiguous=s.contiguous)
+    kernel, layout, template, dtypes, out_shapes, init, contiguous = _launch_parts(spec, shapes)
+    t, s = iter(tensors), iter(scalars)
+    inputs = [next(t) if k == "t" else _SCALAR_TYPES[k](next(s)) for k in layout]
+    return kernel(inputs=inputs, output_shapes=out_shapes, output_dtypes=list(dtypes),
+                  grid=tuple(grid), threadgroup=tuple(threadgroup),
+                  template=None if template is None else list(template), init_value=init,
+                  ensure_row_contiguous=contiguous)
 
 
 @_launch.register_fake
 def _launch_fake(spec, tensors, scalars, grid, threadgroup, shapes):
     from .arrays import dtype_of, resolve_stream
-    s = _SPECS[spec]
+    _, _, _, dtypes, out_shapes, _, _ = _launch_parts(spec, shapes)
     device = tensors[0].device if tensors else resolve_stream(None, None)
     return [torch.empty(shape, dtype=dtype_of(d).torch, device=device)
-            for shape, d in zip(s.shapes(shapes), s.output_dtypes)]
+            for shape, d in zip(out_shapes, dtypes)]
 
 
 # --- custom_function calls ----------------------------------------------------------------------
 
-class _Call(NamedTuple):
-    fun_number: str  # the custom_function's name in _OBJECTS
-    args_spec: object
-    kwargs_spec: object
-    n_primal: int
-    tensor_at: tuple  # leaf positions of the tensors
-    others: tuple  # the non-tensor leaves, in order
+_NODE_NAMES = {tuple: "tuple", list: "list", dict: "dict"}
+_NODE_TYPES = {v: k for k, v in _NODE_NAMES.items()}
 
-    def leaves(self, tensors) -> list:
-        t, o = iter(tensors), iter(self.others)
-        at = set(self.tensor_at)
-        return [next(t) if i in at else next(o) for i in range(len(self.tensor_at) + len(self.others))]
 
-    @property
-    def fun(self):
-        return _OBJECTS[self.fun_number]
+def _structure_literal(spec):
+    """autodiff's structure spec with its node types named (namedtuples stay local)."""
+    if spec is None:
+        return None
+    kind, children = spec
+    name = _NODE_NAMES.get(kind)
+    if name is None:
+        raise TypeError("a node type of no literal name")
+    if type(children) is int:
+        return (name, children)
+    if kind is dict:
+        return (name, tuple((k, _structure_literal(c)) for k, c in children))
+    return (name, tuple(_structure_literal(c) for c in children))
 
-    def fun_arguments(self, tensors) -> tuple:
-        from .autodiff import _unflatten
-        leaves = self.leaves(tensors)
-        args = _unflatten(self.args_spec, leaves[:self.n_primal])
-        kwargs = {} if self.kwargs_spec is None else _unflatten(self.kwargs_spec, leaves[self.n_primal:])
-        return args, kwargs
+
+def _structure(lit):
+    if lit is None:
+        return None
+    name, children = lit
+    kind = _NODE_TYPES[name]
+    if type(children) is int:
+        return kind, children
+    if kind is dict:
+        return kind, tuple((k, _structure(c)) for k, c in children)
+    return kind, tuple(_structure(c) for c in children)
 
 
 @torch._dynamo.assume_constant_result
-def _call_spec(fun_number, args_spec, kwargs_spec, n_primal, tensor_at, others) -> int:
-    return _number(_Call(fun_number, args_spec, kwargs_spec, n_primal, tensor_at, others))
+def _call_spec(fun: str, args_spec, kwargs_spec, n_primal, tensor_at, others) -> str:
+    try:
+        spec = repr((fun, _structure_literal(args_spec), _structure_literal(kwargs_spec), n_primal,
+                     tensor_at, _literal(others)))
+        ast.literal_eval(spec)
+        return spec
+    except (TypeError, ValueError, SyntaxError):  # arguments only this process can hold
+        spec = repr(("local", len(_LOCAL)))
+        _LOCAL[spec] = (fun, args_spec, kwargs_spec, n_primal, tensor_at, others)
+        return spec
 
 
-def custom_function_call(fun, leaves, args_spec, kwargs_spec, n_primal) -> tuple[list, int]:
-    """(flat outputs, spec number) of a custom_function call, through kernelkit::custom_function."""
+def _call_parts(spec: str):
+    if spec in _LOCAL:
+        fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _LOCAL[spec]
+    else:
+        fun, args_lit, kwargs_lit, n_primal, tensor_at, others = _parse(spec)
+        args_spec, kwargs_spec = _structure(args_lit), _structure(kwargs_lit)
+    return _find(fun), args_spec, kwargs_spec, n_primal, tensor_at, others
+
+
+def _leaves(tensor_at, others, tensors) -> list:
+    t, o, at = iter(tensors), iter(others), set(tensor_at)
+    return [next(t) if i in at else next(o) for i in range(len(tensor_at) + len(others))]
+
+
+def custom_function_call(fun, leaves, args_spec, kwargs_spec, n_primal) -> tuple[list, str]:
+    """(flat outputs, spec) of a custom_function call, through kernelkit::custom_function."""
     tensor_at = tuple(i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor))
     others = tuple(x for x in leaves if not isinstance(x, torch.Tensor))
-    spec = _call_spec(fun._op_number, args_spec, kwargs_spec, n_primal, tensor_at, others)
+    spec = _call_spec(fun._op_key, args_spec, kwargs_spec, n_primal, tensor_at, others)
     return torch.ops.kernelkit.custom_function(spec, [leaves[i] for i in tensor_at]), spec
 
 
-_OUT_SPECS: dict = {}  # spec number -> the structure of the function's outputs
+_OUT_SPECS: dict = {}  # spec -> the structure of the function's outputs
 
 
 @torch._dynamo.assume_constant_result
-def out_spec(spec: int):
+def out_spec(spec: str):
     """The output structure of a call of this spec (known once its forward ran, fake or real)."""
     return _OUT_SPECS[spec]
 
 
-def _forward(spec: int, tensors) -> list:
-    from .autodiff import _flatten
-    s: _Call = _SPECS[spec]
-    args, kwargs = s.fun_arguments(tensors)
+def _forward(spec: str, tensors) -> list:
+    from .autodiff import _flatten, _unflatten
+    fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _call_parts(spec)
+    leaves = _leaves(tensor_at, others, tensors)
+    args = _unflatten(args_spec, leaves[:n_primal])
+    kwargs = {} if kwargs_spec is None else _unflatten(kwargs_spec, leaves[n_primal:])
     flat = []
-    _OUT_SPECS[spec] = _flatten(s.fun._fun(*args, **kwargs), flat)
+    _OUT_SPECS[spec] = _flatten(fun._fun(*args, **kwargs), flat)
     # An op's outputs may not alias its inputs: a returned input is copied.
     return [o.clone() if any(o is t for t in tensors) else o for o in flat]
 
 
 @torch.library.custom_op("kernelkit::custom_function", mutates_args=())
-def _custom_function(spec: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def _custom_function(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return _forward(spec, tensors)
 
 
@@ -209,20 +260,19 @@ def _custom_function_fake(spec, tensors):
 
 
 def _setup_context(ctx, inputs, output):
-    spec, tensors = inputs
-    ctx.spec = spec
+    ctx.spec, tensors = inputs
     ctx.save_for_backward(*tensors, *output)
     ctx.n = len(tensors)
 
 
 def _backward(ctx, grads):
     from .autodiff import vjp_gradients
-    s: _Call = _SPECS[ctx.spec]
+    fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _call_parts(ctx.spec)
     saved = ctx.saved_tensors
     tensors, outputs = saved[:ctx.n], saved[ctx.n:]
     grads = [torch.zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
-    return None, vjp_gradients(s.fun, s.leaves(tensors), s.args_spec, s.kwargs_spec, s.n_primal,
-                               _OUT_SPECS[ctx.spec], list(outputs), grads)
+    return None, vjp_gradients(fun, _leaves(tensor_at, others, tensors), args_spec, kwargs_spec,
+                               n_primal, _OUT_SPECS[ctx.spec], list(outputs), grads)
 
 
 _custom_function.register_autograd(_backward, setup_context=_setup_context)
