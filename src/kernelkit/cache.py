@@ -36,6 +36,8 @@ from typing import Callable, Iterator
 
 from . import __version__
 
+_LOG = logging.getLogger("kernelkit")  # compiles (info), disk hits (debug), refused directories
+
 _INCLUDE = Path(__file__).resolve().parent / "include"
 
 DEFAULT_MAX_BYTES = 1 << 30
@@ -447,7 +449,7 @@ class DiskCache:
 
 
 def _warn(message: str) -> None:
-    logging.getLogger("kernelkit").warning("kernelkit: %s", message)
+    _LOG.warning("kernelkit: %s", message)
 
 
 def _open(configured: Path) -> DiskCache | str:
@@ -598,9 +600,13 @@ class CompileCache:
             with _build_lock(store.path(key, suffix).parent if store else None):
                 binary = store.read(key, suffix) if store else None
                 if binary is None:
+                    start = time.perf_counter()
                     binary = build()
+                    _LOG.info("compiled %s%s in %.2f s", key[:16], suffix, time.perf_counter() - start)
                     if store:
                         store.write(key, suffix, binary, source, limit)
+                        return binary
+        _LOG.debug("compile cache hit on disk: %s%s", key[:16], suffix)
         return binary
 
     def clear(self, stale: bool = False) -> tuple[int, int]:

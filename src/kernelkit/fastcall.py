@@ -12,8 +12,10 @@ says which.
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
+import logging
 import platform
 import sys
 import sysconfig
@@ -69,6 +71,9 @@ def _build() -> None:
         _result = _built()
     except Exception as e:  # noqa: BLE001 - an unusable extension means the Python path, never a crash
         _result = f"{type(e).__name__}: {e}".splitlines()[0]
+    if isinstance(_result, str):
+        logging.getLogger("kernelkit").info("the fast call path's C extension is unavailable (%s): "
+                                            "repeated calls take the Python path", _result)
 
 
 def _built():
