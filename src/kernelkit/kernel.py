@@ -28,6 +28,7 @@ from .signature import ATTRIBUTES, NDIM_CAPACITY, InputSpec, Signature, check_id
 
 MATH_MODES = ("safe", "relaxed", "fast")
 _POISON = os.environ.get("KERNELKIT_POISON_OUTPUTS", "") not in ("", "0")
+_is_compiling = torch.compiler.is_compiling  # (Dynamo folds it to True while it traces)
 
 
 @dataclass
@@ -150,12 +151,10 @@ class Kernel:
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
                  init_value=None, verbose: bool = False, stream=None, ensure_row_contiguous=None,
                  check_bounds=None, timeout=None):
-        if torch_ops.tracing():  # torch.compile, or fake tensors: the opaque op
-            if stream is not None or verbose or check_bounds or timeout is not None:
-                raise ValueError(f"[{self.caller}] stream, verbose, check_bounds and timeout are "
-                                 "not supported under torch.compile; call the kernel eagerly.")
-            return torch_ops.launch(self, inputs, output_shapes, output_dtypes, grid, threadgroup,
-                                    template, init_value, ensure_row_contiguous)
+        if _is_compiling():  # Dynamo traces: the opaque op (fake tensors alone: see _call)
+            return self._op_call(inputs, output_shapes, output_dtypes, grid, threadgroup, template,
+                                 init_value, verbose, stream, ensure_row_contiguous, check_bounds,
+                                 timeout)
         key = plans = None
         if stream is None and ensure_row_contiguous is None and not verbose and check_bounds is None \
                 and timeout is None:
@@ -169,6 +168,15 @@ class Kernel:
         return self._call(inputs, output_shapes, output_dtypes, grid, threadgroup, template,
                           init_value, verbose, stream, ensure_row_contiguous, key, plans,
                           check_bounds, timeout)
+
+    def _op_call(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template,
+                 init_value, verbose, stream, ensure_row_contiguous, check_bounds, timeout):
+        """The call as torch_ops' kernelkit::launch, for torch.compile and fake tensors."""
+        if stream is not None or verbose or check_bounds or timeout is not None:
+            raise ValueError(f"[{self.caller}] stream, verbose, check_bounds and timeout are not "
+                             "supported under torch.compile; call the kernel eagerly.")
+        return torch_ops.launch(self, inputs, output_shapes, output_dtypes, grid, threadgroup,
+                                template, init_value, ensure_row_contiguous)
 
     def _plans_filled(self, init_value) -> dict | None:
         """The plans of calls with this init_value; None for one that is no key (a tensor)."""
@@ -185,6 +193,10 @@ class Kernel:
               verbose, stream, ensure_row_contiguous, plan_key, plans=None, check_bounds=None,
               timeout=None):
         """The general path: every argument checked and converted, the variant found or built."""
+        if torch_ops.tracing():  # fake tensors (AOTAutograd, opcheck): never on the fast path
+            return self._op_call(inputs, output_shapes, output_dtypes, grid, threadgroup, template,
+                                 init_value, verbose, stream, ensure_row_contiguous, check_bounds,
+                                 timeout)
         c = self.caller
         inputs = self._sequence(inputs, "inputs", len(self.input_names))
         output_shapes = self._sequence(output_shapes, "output_shapes", len(self.output_names))

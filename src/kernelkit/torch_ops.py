@@ -69,11 +69,14 @@ def _find(key: str):
     return obj
 
 
+_get_mode, _FAKE_MODE = torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE
+
+
 def tracing() -> bool:
     """Whether a kernel call must go through the ops: Dynamo is tracing, a fake mode is on, or a
     fake implementation is running the function."""
-    return torch.compiler.is_compiling() or torch._C._get_dispatch_mode(
-        torch._C._TorchDispatchModeKey.FAKE) is not None or getattr(_fake, "depth", 0) > 0
+    return torch.compiler.is_compiling() or _get_mode(_FAKE_MODE) is not None or \
+        getattr(_fake, "depth", 0) > 0
 
 
 def _literal(value):

@@ -1,0 +1,129 @@
+"""torch.compile against eager, and the per-call overhead against an earlier kernelkit.
+
+    python bench/bench_torch_compile.py [--quick] [--device cuda|cpu] [--baseline SRC] [--out DIR]
+
+- A model whose layer is kk.ops.grid_sample (with a linear layer before it), forward +
+  backward, eager and under torch.compile (fullgraph), timed interleaved in rounds (CUDA events on
+  a GPU, host time on the CPU): compiling must not make it slower.
+- With --baseline SRC (the `src` directory of an earlier kernelkit): the per-call overhead of a
+  cached kernel (kernelkit.benchmarks.overhead_figures) of this checkout and of SRC, measured in
+  alternating fresh processes, so that a change in the call path shows as a ratio.
+
+Writes torch_compile.json into DIR (default bench/results/<device>/) and prints a table.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))  # this checkout's kernelkit
+
+import kernelkit as kk  # noqa: E402
+from kernelkit import benchmarks as bm  # noqa: E402
+
+
+class Sampler(torch.nn.Module):
+    """A linear layer over channels, then grid_sample at learned offsets of a base grid."""
+
+    def __init__(self, C: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(C, C)
+        self.offset = torch.nn.Parameter(torch.zeros(2))
+
+    def forward(self, x, grid):
+        return kk.ops.grid_sample(self.proj(x), grid + self.offset)
+
+
+def compile_figures(device, quick: bool) -> dict:
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        B, H, W, C, gH, gW = (2, 128, 128, 32, 64, 64) if quick else (4, 256, 256, 64, 128, 128)
+        rounds, reps = (3, 10) if quick else (7, 30)
+    else:
+        B, H, W, C, gH, gW = (1, 32, 32, 16, 16, 16) if quick else (2, 64, 64, 32, 32, 32)
+        rounds, reps = (3, 3) if quick else (5, 5)
+    model = Sampler(C).to(device)
+    x = torch.randn(B, H, W, C, device=device)
+    grid = torch.rand(B, gH, gW, 2, device=device) * 2 - 1
+    compiled = torch.compile(model, fullgraph=True)
+
+    def step(m):
+        def run():
+            model.zero_grad(set_to_none=True)
+            m(x, grid).square().sum().backward()
+        return run
+
+    step(model)()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    step(compiled)()
+    errors = [bm.relative_error(p.grad, g) for p, g in zip(model.parameters(), eager_grads)]
+    assert max(errors) < 1e-4, errors
+    per_round = {"eager_ms": [], "compiled_ms": []}
+    for _ in range(rounds):
+        per_round["eager_ms"].append(bm.time_ms(step(model), device, reps, warmup=2))
+        per_round["compiled_ms"].append(bm.time_ms(step(compiled), device, reps, warmup=2))
+    ms = {k: statistics.median(v) for k, v in per_round.items()}
+    return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]}, "rounds": rounds, **ms,
+            "compiled_over_eager": ms["compiled_ms"] / ms["eager_ms"], "grad_relative_error": errors,
+            "per_round_ms": per_round}
+
+
+_OVERHEAD = ("import sys, json, torch; sys.path.insert(0, {src!r}); "
+             "from kernelkit import fastcall; fastcall.module(block=True); "  # built and loaded
+             "from kernelkit.benchmarks import overhead_figures; "
+             "r = overhead_figures(torch.device({device!r}), quick=True); "
+             "print(json.dumps([r['kernelkit_call_us'], r['torch_add__us']]))")
+
+
+def overhead_against(baseline: str, device, rounds: int = 3) -> dict:
+    """Per-call overhead of this checkout and of `baseline`, in alternating fresh processes; each
+    figure beside torch's add_ of the same process (the host's speed drifts)."""
+    runs = {"this": [], "baseline": []}
+    for _ in range(rounds):
+        for name, src in (("this", str(HERE.parent / "src")), ("baseline", baseline)):
+            out = subprocess.run([sys.executable, "-c", _OVERHEAD.format(src=src, device=str(device))],
+                                 capture_output=True, text=True, check=True)
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = {name: statistics.median(r[0] for r in v) for name, v in runs.items()}
+    rel = {name: statistics.median(r[0] / r[1] for r in v) for name, v in runs.items()}
+    return {"this_us": med["this"], "baseline_us": med["baseline"], "baseline_src": baseline,
+            "this_over_baseline": rel["this"] / rel["baseline"], "runs_us_and_torch_add_us": runs}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--device", default=None)
+    p.add_argument("--baseline", metavar="SRC", help="an earlier kernelkit's src directory")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    device = torch.device(a.device) if a.device else bm.best_device()
+    t0 = time.time()
+    body = {"compile": compile_figures(device, a.quick)}
+    if a.baseline:
+        body["overhead"] = overhead_against(a.baseline, device)
+    command = ("python bench/bench_torch_compile.py " + " ".join(sys.argv[1:])).strip()
+    result = {**bm.record("torch_compile", body, device, command, a.quick), "seconds": time.time() - t0}
+    out = Path(a.out) if a.out else HERE / "results" / bm.device_tag(device)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "torch_compile.json").write_text(json.dumps(result, indent=2) + "\n")
+    c = body["compile"]
+    print(f"{result['device']}, {result['date']}: {command}")
+    print(f"grid_sample model fwd+bwd, x {c['shape']['x']}: eager {c['eager_ms']:.3f} ms, "
+          f"torch.compile {c['compiled_ms']:.3f} ms, compiled / eager {c['compiled_over_eager']:.3f}")
+    if a.baseline:
+        o = body["overhead"]
+        print(f"per-call overhead: this {o['this_us']:.2f} us, baseline {o['baseline_us']:.2f} us, "
+              f"ratio (each over torch add_) {o['this_over_baseline']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
