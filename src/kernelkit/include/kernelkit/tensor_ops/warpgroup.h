@@ -1,7 +1,11 @@
-// kernelkit/tensor_ops/warpgroup.h: matmul2d::run on a Hopper warpgroup (wgmma, sm_90a), through
+// kernelkit/tensor_ops/warpgroup.h: matmul2d::run on Hopper warpgroups (wgmma, sm_90a), through
 // sm90_wgmma.h's warpgroup_gemm, where it applies:
-//   - scope execution_simdgroups<4> (one warpgroup), left, right and destination tensors (not
-//     cooperative), no scales plane, m a multiple of 64 and n one of 64..256 (multiples of 64);
+//   - scope execution_simdgroups<4> (one warpgroup, 3 stages: two threadgroups an SM) or
+//     execution_simdgroups<8> (two warpgroups sharing the tile's B, each m / 2 rows, 4 stages:
+//     a 256 x 128 tile reads 85 FLOP per operand byte from L2 where one warpgroup's 128 x 128
+//     reads 64, and L2 bandwidth is the bound: bench/notes/sm90_wgmma.md); left, right and
+//     destination tensors (not cooperative), no scales plane, m a multiple of 64 per warpgroup
+//     (m <= 256) and n one of 64..256 (multiples of 64);
 //   - types warpgroup_gemm takes: half x half, bfloat x bfloat, fp8 x fp8 -> float, float x float
 //     -> float with relaxed_precision (tf32), int8 x int8 -> int32;
 //   - at run time: both inputs in device (global) memory, and the launch gave the kernel the
@@ -41,16 +45,27 @@ struct warpgroup_matmul {
   static constexpr bool tensors = metal::is_tensor_v<Left> && metal::is_tensor_v<Right> && metal::is_tensor_v<Dest> &&
                                   !operand_traits<Left>::scaled && !operand_traits<Right>::scaled;
   static constexpr bool float_ok = !is_same_v<TA, float> || D.relaxed_precision;  // wgmma's float is tf32
-  static constexpr bool shape_ok = W == 4 && D.m > 0 && D.m % 64 == 0 && D.n > 0 && D.n % 64 == 0 && D.n <= 256;
+  static constexpr int WG = W == 8 ? 2 : 1;  // warpgroups sharing the tile
+  static constexpr bool shape_ok = (W == 4 || W == 8) && D.m > 0 && D.m % (64 * WG) == 0 && D.n > 0 && D.n % 64 == 0 &&
+                                   D.n <= 256;
   // (Another shape names a valid instantiation that `applies` rules out.)
   using gemm = sm90::warpgroup_gemm<(shape_ok ? D.m : 64), (shape_ok ? D.n : 64),
-                                    conditional_t<is_same_v<TA, void>, float, TA>, conditional_t<is_same_v<TB, void>, float, TB>, Acc>;
+                                    conditional_t<is_same_v<TA, void>, float, TA>, conditional_t<is_same_v<TB, void>, float, TB>, Acc,
+                                    WG == 1 ? 3 : 4, WG>;
   static constexpr bool applies = shape_ok && tensors && float_ok && !is_same_v<TA, void> && !is_same_v<TB, void> &&
                                   gemm::supported;
 
-  static constexpr KK_FN const char* name() { return "wgmma (sm90 warpgroup_gemm, 3 stages, cp.async)"; }
+  static constexpr KK_FN const char* name() {
+    return WG == 1 ? "wgmma (sm90 warpgroup_gemm, one warpgroup, 3 stages, TMA or cp.async)"
+                   : "wgmma (sm90 warpgroup_gemm, two warpgroups, 4 stages, TMA or cp.async)";
+  }
 
-  // Whether this run can take the path (uniform over the warpgroup).
+  // The thread's group of WG warpgroups in the threadgroup, and its thread in the group.
+  static KK_FN int linear_thread() { return int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
+
+  // Whether this run can take the path (uniform over the group): group j of a threadgroup stages
+  // through slice j of the dynamic shared memory (the backend gives one slice: a threadgroup of
+  // several groups runs its later ones on mma.sync).
   static KK_FN bool ready(const Left& l, const Right& r) {
     if constexpr (!applies) {
       return false;
@@ -58,7 +73,8 @@ struct warpgroup_matmul {
       asm volatile("" ::"l"(&kk_tops_dynamic_smem<gemm::smem_bytes>));
       unsigned smem;
       asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
-      return smem >= unsigned(gemm::smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr);
+      const unsigned group = unsigned(linear_thread() / gemm::threads);
+      return smem >= (group + 1) * unsigned(gemm::smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr);
     }
   }
 
@@ -67,7 +83,7 @@ struct warpgroup_matmul {
     if constexpr (applies) {
       constexpr bool tl = D.transpose_left, tr = D.transpose_right;
       constexpr bool accumulate = D.matmul_mode == mpp::tensor_ops::matmul2d_descriptor::mode::multiply_accumulate;
-      const int t = int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 127;
+      const int t = linear_thread() % gemm::threads;
       // A (m, k) and B (k, n) strides in elements: a left tensor is (K, M) (or (M, K) transposed)
       const long a_rs = l.get_stride(tl ? 0 : 1), a_cs = l.get_stride(tl ? 1 : 0);
       const long b_rs = r.get_stride(tr ? 0 : 1), b_cs = r.get_stride(tr ? 1 : 0);
@@ -84,13 +100,24 @@ struct warpgroup_matmul {
       }
       gemm::run(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs, b_cs,
                 m_valid, n_valid, K, accumulate);
+      // Accumulators 2j, 2j + 1 are columns col, col + 1 (col even) of a row: one store of both
+      // where the destination's columns are contiguous and pairs aligned.
       using DV = typename operand_traits<Dest>::value_type;
+      struct alignas(2 * sizeof(DV)) pair { DV x, y; };
+      const int m_in = min_int(D.m, int(d.get_extent(1))), n_in = min_int(D.n, int(d.get_extent(0)));
+      const bool pairs = d.get_stride(0) == 1 && (d.get_stride(1) & 1) == 0 &&
+                         reinterpret_cast<unsigned long long>(d.data()) % sizeof(pair) == 0;
 #pragma unroll
-      for (int i = 0; i < gemm::acc_per_thread; ++i) {
+      for (int i = 0; i < gemm::acc_per_thread; i += 2) {
         int row, col;
         gemm::coord(i, t, row, col);
-        if (row < D.m && col < D.n && col < int(d.get_extent(0)) && row < int(d.get_extent(1)))
-          d(col, row) = convert<DV>(acc[i]);
+        if (row >= m_in) continue;
+        if (pairs && col + 1 < n_in) {
+          *reinterpret_cast<pair*>(&d(col, row)) = pair{convert<DV>(acc[i]), convert<DV>(acc[i + 1])};
+        } else {
+          if (col < n_in) d(col, row) = convert<DV>(acc[i]);
+          if (col + 1 < n_in) d(col + 1, row) = convert<DV>(acc[i + 1]);
+        }
       }
     }
   }
