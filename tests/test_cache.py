@@ -292,20 +292,11 @@ def test_a_marker_that_cannot_be_written_costs_no_caching(store):
 def test_compiles_and_disk_hits_are_logged(caplog):
     import logging
     import uuid
-    from kernelkit.cache import CACHE
-    body = f"uint i = thread_position_in_grid.x; out[i] = inp[i] + 1.0f; // {uuid.uuid4()}"
-    x = torch.randn(4)
-
-    def call():
-        kk.metal_kernel("logged", ["inp"], ["out"], body)(
-            inputs=[x], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
-            output_dtypes=[torch.float32])
-
+    key, source = cache.key_of(str(uuid.uuid4())), "// a source"
     with caplog.at_level(logging.DEBUG, logger="kernelkit"):
-        call()
+        assert CACHE.get(key, ".bin", source, lambda: b"built") == b"built"
         assert any(r.levelno == logging.INFO and r.message.startswith("compiled ") for r in caplog.records)
         caplog.clear()
         CACHE._memory.clear()  # a fresh process's view: the disk entry
-        kk.kernel._PREPARED.clear()
-        call()
+        assert CACHE.get(key, ".bin", source, lambda: b"rebuilt") == b"built"
         assert any(r.message.startswith("compile cache hit on disk") for r in caplog.records)
