@@ -1,6 +1,7 @@
 """Times the talk's tile matmul (tests/test_tensor_ops.py TILE_MATMUL) on each NVIDIA path beside
 torch.matmul, and an MLX-steel-style simdgroup_matrix GEMM; prints the path each kernel's runs
-took (KERNELKIT_TENSOR_OPS_REPORT). A first look, not the issue's benchmark (bench_tensor_ops.py).
+took (KERNELKIT_TENSOR_OPS_REPORT). A first look: the issue's benchmark of the talk's kernel is
+bench_talk_matmul.py (bench_tensor_ops.py: warpgroup_gemm called directly).
 
     PYTHONPATH=src python bench/bench_tensor_op_paths.py --size 4096
 """
