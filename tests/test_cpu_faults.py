@@ -270,6 +270,7 @@ def test_one_mib_of_locals_per_thread(sync):
     assert out.tolist() == big_locals_reference(x, threads)
 
 
+@pytest.mark.slow
 def test_stack_size_from_the_environment():
     """KERNELKIT_CPU_STACK_SIZE sets every kernel thread's stack: too small a stack is a clear
     error (the next call works), and a value that is no size is one too."""

@@ -48,6 +48,7 @@ print("ran", sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_kernelkit_check_runs_the_script_and_compiles_its_kernels(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

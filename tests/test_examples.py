@@ -12,6 +12,8 @@ import pytest
 from conftest import SM90_CHECK
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+SLOW = {"multi_gpu_ddp"}  # starts two processes: ~10 s on 2 cores
+CASES = [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if p.stem in SLOW else []) for p in EXAMPLES]
 
 
 def test_there_are_examples_and_the_docs_list_each():
@@ -20,7 +22,7 @@ def test_there_are_examples_and_the_docs_list_each():
     assert not [p.name for p in EXAMPLES if f"`{p.name}`" not in listed]
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("script", CASES)
 def test_example_runs_and_checks_itself(script, tmp_path):
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300)
@@ -29,6 +31,6 @@ def test_example_runs_and_checks_itself(script, tmp_path):
 
 
 @pytest.mark.skipif(not SM90_CHECK, reason="no sm_90 compile check here (a GPU, or KERNELKIT_TEST_SM90=0)")
-@pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("script", CASES)
 def test_example_kernels_compile_for_hopper(script):
     runpy.run_path(str(script), run_name="__main__")  # in this process: conftest compiles each kernel

@@ -224,6 +224,7 @@ runpy.run_path(sys.argv[1], run_name="__main__")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, two_gpus])])
+@pytest.mark.slow
 def test_ddp_step_under_torchrun_matches_one_process_and_shares_the_cache(device, tmp_path):
     """torchrun --nproc-per-node=2 runs examples/multi_gpu_ddp.py (a DDP step through
     kk.ops.grid_sample and kk.ops.matmul_add_relu; each rank compares its gradients with the
