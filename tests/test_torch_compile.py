@@ -176,3 +176,19 @@ def test_graphs_from_torchs_caches_in_another_process(tmp_path):
                              text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
         assert float(run.stdout.split()[-1]) < 1e-4
+
+
+def test_equal_kernels_share_a_key_and_any_live_one_serves(device):
+    """Two kernels built alike share their op key; the graph still finds one when the other dies
+    (the same kernel made in a test and held by a module, say)."""
+    import gc
+    source = SQUARE + " // shared"
+    held = kk.kernel.Kernel(kk._metal, "square", ["x"], ["y"], source)
+    other = kk.kernel.Kernel(kk._metal, "square", ["x"], ["y"], source)
+    assert other._op_key == held._op_key
+    del other
+    gc.collect()
+    x = torch.randn(40, device=device)
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: _square(t, held), fullgraph=True)(x)
+    torch.testing.assert_close(out, x * x + 1)

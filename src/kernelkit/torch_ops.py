@@ -29,9 +29,10 @@ import weakref
 
 import torch
 
-# Kernels and custom_functions by key, registered at construction (outside any tracing).
-# Weak: whatever a compiled graph calls is held by the code that calls it.
-_OBJECTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# Kernels and custom_functions by key, registered at construction (outside any tracing): each
+# key's live objects (equal kernels share a key; any one of them serves). Weak: whatever a
+# compiled graph calls is held by the code that calls it.
+_OBJECTS: dict[str, weakref.WeakSet] = {}
 _SEEN_NAMES: dict = {}  # custom_function qualname -> how many were made
 _LOCAL: dict = {}  # spec -> non-literal arguments of a custom_function call (this process only)
 _SCALAR_KINDS = {bool: "b", int: "i", float: "f"}
@@ -46,7 +47,7 @@ def kernel_key(kernel) -> str:
                  kernel.header, kernel.ensure_row_contiguous, kernel.atomic_outputs,
                  kernel.math_mode, kernel.shared_memory))
     key = f"{kernel.caller}:{kernel.name}:{hashlib.sha1(what.encode()).hexdigest()[:16]}"
-    _OBJECTS[key] = kernel
+    _OBJECTS.setdefault(key, weakref.WeakSet()).add(kernel)
     return key
 
 
@@ -56,12 +57,12 @@ def function_key(fun) -> str:
     name = f"{getattr(fun, '__module__', '?')}.{getattr(fun, '__qualname__', fun.__name__)}"
     n = _SEEN_NAMES[name] = _SEEN_NAMES.get(name, 0) + 1
     key = f"{name}#{n}"
-    _OBJECTS[key] = fun
+    _OBJECTS.setdefault(key, weakref.WeakSet()).add(fun)
     return key
 
 
 def _find(key: str):
-    obj = _OBJECTS.get(key)
+    obj = next(iter(_OBJECTS.get(key, ())), None)
     if obj is None:
         raise RuntimeError(f"[kernelkit] a compiled graph calls {key!r}, which this process has not "
                            "built (torch.compile's caches hold graphs of other runs): build it first, "
