@@ -430,7 +430,7 @@ class custom_function:
                 return self._fun(*args, **kwargs)  # its kernels go through kernelkit::launch
             flat, spec = _torch_ops.custom_function_call(self, leaves, args_spec, kwargs_spec,
                                                          n_primal)
-            return _unflatten(_torch_ops.out_spec(spec), flat)
+            return _torch_ops.unflatten(_torch_ops.out_spec(spec), flat)
         transformed = torch._C._are_functorch_transforms_active()
         if not transformed and _forward_ad._current_level < 0 and not (
                 torch.is_grad_enabled() and any(leaves[i].requires_grad for i in tensor_at)):

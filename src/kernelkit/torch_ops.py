@@ -233,8 +233,33 @@ _OUT_SPECS: dict = {}  # spec -> the structure of the function's outputs
 
 @torch._dynamo.assume_constant_result
 def out_spec(spec: str):
-    """The output structure of a call of this spec (known once its forward ran, fake or real)."""
-    return _OUT_SPECS[spec]
+    """The output structure of a call of this spec (known once its forward ran, fake or real), as
+    a literal: some Dynamo versions cannot guard on the node types a structure would hold."""
+    try:
+        return _structure_literal(_OUT_SPECS[spec])
+    except TypeError:  # a namedtuple result: the structure itself, by the spec
+        return ("local", spec)
+
+
+def unflatten(lit, flat):
+    """A custom_function's result from its flat outputs and out_spec's literal structure."""
+    if lit is not None and lit[0] == "local":
+        from .autodiff import _unflatten
+        return _unflatten(_OUT_SPECS[lit[1]], flat)
+    return _build_literal(lit, iter(flat))
+
+
+def _build_literal(lit, it):
+    if lit is None:
+        return next(it)
+    name, children = lit
+    if isinstance(children, int):
+        items = [next(it) for _ in range(children)]
+    elif name == "dict":
+        return {k: _build_literal(c, it) for k, c in children}
+    else:
+        items = [_build_literal(c, it) for c in children]
+    return tuple(items) if name == "tuple" else items
 
 
 def _forward(spec: str, tensors) -> list:

@@ -128,10 +128,13 @@ struct tensor {
     shift_plane(s.plane, o);
     return s;
   }
-  template <class... Is, kk::tops::enable_if_t<sizeof...(Is) == R && R == 2, int> = 0>
-  KK_FN auto slice(Is... origin) const { return slice<dynamic_extent, dynamic_extent>(origin...); }
-  template <class... Is, kk::tops::enable_if_t<sizeof...(Is) == R && R == 1, int> = 0>
-  KK_FN auto slice(Is... origin) const { return slice<dynamic_extent>(origin...); }
+  // One template for both ranks: NVRTC takes two enable_if overloads that differ only in a
+  // condition on R for redeclarations once R is known (a rank-3 tensor failed to compile there).
+  template <class... Is, kk::tops::enable_if_t<sizeof...(Is) == R && (R == 1 || R == 2), int> = 0>
+  KK_FN auto slice(Is... origin) const {
+    if constexpr (R == 2) return slice<dynamic_extent, dynamic_extent>(origin...);
+    else return slice<dynamic_extent>(origin...);
+  }
 
   // The same tensor type with other extents (and the offset tag a sliced handle carries).
   template <class E2> struct with_extents {
