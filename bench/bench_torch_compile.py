@@ -54,25 +54,37 @@ def compile_figures(device, quick: bool) -> dict:
     grid = torch.rand(B, gH, gW, 2, device=device) * 2 - 1
     compiled = torch.compile(model, fullgraph=True)
 
-    def step(m):
+    def step(m, *inputs):
         def run():
-            model.zero_grad(set_to_none=True)
-            m(x, grid).square().sum().backward()
+            m.zero_grad(set_to_none=True)
+            m(*inputs).square().sum().backward()
         return run
 
-    step(model)()
-    eager_grads = [p.grad.clone() for p in model.parameters()]
-    step(compiled)()
-    errors = [bm.relative_error(p.grad, g) for p, g in zip(model.parameters(), eager_grads)]
-    assert max(errors) < 1e-4, errors
+    def grads(m, *inputs):
+        step(m, *inputs)()
+        return [p.grad.double().clone() for p in m.parameters()]
+
+    # Against a float64 run: the weight's gradient sums ~1e5 products of mean-zero terms, where
+    # two float32 summation orders differ by ~1e-2 relative; compiled must be as close as eager.
+    reference = grads(_double(model), x.double(), grid.double())
+    errors = {name: [bm.relative_error(g, r) for g, r in zip(grads(m, x, grid), reference)]
+              for name, m in (("eager", model), ("compiled", compiled))}
+    assert all(c <= 2 * e + 1e-5 for c, e in zip(errors["compiled"], errors["eager"])), errors
     per_round = {"eager_ms": [], "compiled_ms": []}
     for _ in range(rounds):
-        per_round["eager_ms"].append(bm.time_ms(step(model), device, reps, warmup=2))
-        per_round["compiled_ms"].append(bm.time_ms(step(compiled), device, reps, warmup=2))
+        per_round["eager_ms"].append(bm.time_ms(step(model, x, grid), device, reps, warmup=2))
+        per_round["compiled_ms"].append(bm.time_ms(step(compiled, x, grid), device, reps, warmup=2))
     ms = {k: statistics.median(v) for k, v in per_round.items()}
     return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]}, "rounds": rounds, **ms,
-            "compiled_over_eager": ms["compiled_ms"] / ms["eager_ms"], "grad_relative_error": errors,
+            "compiled_over_eager": ms["compiled_ms"] / ms["eager_ms"],
+            "grad_relative_error_to_float64": errors,
             "per_round_ms": per_round}
+
+
+def _double(model: Sampler) -> Sampler:
+    """A float64 copy of the model, same parameters."""
+    import copy
+    return copy.deepcopy(model).double()
 
 
 _OVERHEAD = ("import sys, json, torch; sys.path.insert(0, {src!r}); "
