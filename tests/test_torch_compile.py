@@ -192,3 +192,29 @@ def test_equal_kernels_share_a_key_and_any_live_one_serves(device):
     torch._dynamo.reset()
     out = torch.compile(lambda t: _square(t, held), fullgraph=True)(x)
     torch.testing.assert_close(out, x * x + 1)
+
+
+ADD_INTO = "uint i = thread_position_in_grid.x; const_cast<device float*>(acc)[i] += 2.0f * g[i];"
+
+
+@kk.custom_function
+def doubled(x):
+    return 2 * x
+
+
+@doubled.vjp
+def doubled_vjp(x, cotangent, output):
+    # a vjp whose kernel adds into a buffer it takes as an input (no outputs), as grid_sample's
+    # spill pass does: under torch.compile it must still run
+    acc = torch.zeros_like(x)
+    kk.metal_kernel("add_into", ["g", "acc"], [], ADD_INTO)(
+        inputs=[cotangent.contiguous(), acc], output_shapes=[], output_dtypes=[],
+        grid=(x.numel(), 1, 1), threadgroup=(32, 1, 1))
+    return acc
+
+
+def test_a_vjp_runs_as_written_under_compile(device):
+    x = torch.randn(64, device=device, requires_grad=True)
+    torch._dynamo.reset()
+    (g,) = torch.autograd.grad(torch.compile(lambda t: doubled(t).sum(), fullgraph=True)(x), x)
+    torch.testing.assert_close(g, torch.full_like(x, 2.0))

@@ -7,9 +7,10 @@ goes through one of two opaque ops instead:
 - `kernelkit::launch(spec, tensors, scalars, grid, threadgroup, shapes)`: a kernel call. Its
   fake implementation makes the outputs from output_shapes and output_dtypes; grid, threadgroup
   and shapes may be symbolic (dynamic shapes).
-- `kernelkit::custom_function(spec, tensors)`: a custom_function call, with its vjp rule as the
-  op's autograd formula. Its fake implementation runs the function on fake tensors, where each of
-  its kernels answers through `kernelkit::launch`'s.
+- `kernelkit::custom_function(spec, tensors)`: a custom_function call. Its fake implementation
+  runs the function on fake tensors, where each of its kernels answers through
+  `kernelkit::launch`'s. Its autograd formula is `kernelkit::custom_function_vjp`, the vjp rule as
+  an opaque op of its own (run as written when the backward runs, never traced).
 
 What the ops' arguments cannot carry (which kernel or function, template values, dtypes,
 init_value, the structure and non-tensor arguments of a custom_function call) is the *spec*: a
@@ -295,13 +296,33 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grads):
-    from .autodiff import vjp_gradients
-    fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _call_parts(ctx.spec)
     saved = ctx.saved_tensors
     tensors, outputs = saved[:ctx.n], saved[ctx.n:]
     grads = [torch.zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
-    return None, vjp_gradients(fun, _leaves(tensor_at, others, tensors), args_spec, kwargs_spec,
-                               n_primal, _OUT_SPECS[ctx.spec], list(outputs), grads)
+    return None, torch.ops.kernelkit.custom_function_vjp(ctx.spec, list(tensors), list(outputs),
+                                                         grads)
 
 
 _custom_function.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The vjp rule is opaque too: it runs as written when the backward runs, never traced with fake
+# tensors. A rule decides things from its tensors' data (alignment, how many entries spilled) and
+# may launch kernels that add into buffers they take as inputs: a traced copy would bake the
+# first and drop the second (an op with no outputs is dead code to a compiler).
+@torch.library.custom_op("kernelkit::custom_function_vjp", mutates_args=())
+def _custom_function_vjp(spec: str, tensors: list[torch.Tensor], outputs: list[torch.Tensor],
+                         grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    from .autodiff import vjp_gradients
+    fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _call_parts(spec)
+    gradients = vjp_gradients(fun, _leaves(tensor_at, others, tensors), args_spec, kwargs_spec,
+                              n_primal, _OUT_SPECS[spec], outputs, grads)
+    # one per tensor (zeros for none); never an alias of an argument
+    return [torch.zeros_like(t) if g is None else
+            g.to(t.dtype).clone() if any(g is a for a in (*tensors, *outputs, *grads)) else g.to(t.dtype)
+            for g, t in zip(gradients, tensors)]
+
+
+@_custom_function_vjp.register_fake
+def _custom_function_vjp_fake(spec, tensors, outputs, grads):
+    return [torch.empty_like(t) for t in tensors]
