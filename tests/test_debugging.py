@@ -449,3 +449,13 @@ def test_checked_kernel_with_dynamic_shared_memory(device, nbytes):
             threadgroup=(128, 1, 1), output_shapes=[(3 * 128,)], output_dtypes=[torch.float32],
             check_bounds=True, timeout=10.0)[0]
     torch.testing.assert_close(out.view(3, 128), x.view(3, 1).expand(3, 128))
+
+
+def test_check_bounds_stops_a_write_far_past_an_output(device):
+    """100,000 floats past a 64-element output: without checks such a write may land in mapped
+    memory (README); checked, it never reaches memory and is an IndexError."""
+    k = make("metal", "far_write", "out[i + 100000] = inp[i];")
+    x = torch.randn(64, device=device)
+    with pytest.raises(IndexError, match=r"out-of-bounds access to output 'out' at index 100000"):
+        call(k, x, check_bounds=True)
+    torch.testing.assert_close(call(make("metal", "near_write", "out[i] = inp[i];"), x), x)
