@@ -407,7 +407,6 @@ def run(kernel, variant, req: Request, launch, tensors, outputs, tail, device, s
         fills) -> None:
     """Launch a checked variant and raise what its record says; with check_bounds, warn of
     output elements the kernel never wrote (outputs without an init_value)."""
-    plan: Plan = variant.debug
     marked = [i for i, (o, f) in enumerate(zip(outputs, fills))
               if f is None and o.dtype in _UNWRITTEN] if req.mode.bounds else []
     for i in marked:
