@@ -1,0 +1,111 @@
+"""MXFP8 quantisation (OCP Microscaling Formats v1.0): e4m3 values with one ue8m0 scale per 32
+consecutive values along an axis, and its inverse. The kernels' shared code is `mxfp8.metal`.
+
+Padding rule: a row whose length is not a multiple of 32 ends with a shorter block, quantised as
+if padded with zeros (its scale comes from the values present); `data` keeps x's shape, `scales`
+has ceil(n / 32) entries along the axis. A block holding a NaN or an infinity gets the NaN scale
+(255): no scale represents it; its values dequantise to NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .. import metal_kernel
+from ..preconditions import Preconditions
+
+BLOCK = 32
+_HEADER = (Path(__file__).with_name("mxfp8.metal")).read_text()
+
+_QUANTIZE = """
+    uint b = thread_position_in_grid.x;            // one thread a block
+    uint row = b / blocks, k0 = (b % blocks) * 32, k1 = metal::min(k0 + 32, n);
+    const device T* src = x + ulong(row) * n;
+    float amax = 0.0f;
+    bool finite = true;
+    for (uint k = k0; k < k1; ++k) {
+      float v = float(src[k]);
+      finite = finite && metal::isfinite(v);
+      amax = metal::max(amax, metal::abs(v));
+    }
+    int e = mx_shared_exponent(amax);
+    float inverse = mx_pow2(-e);                   // exact: e in [-127, 119] for a finite amax
+    for (uint k = k0; k < k1; ++k) data[ulong(row) * n + k] = mx_to_e4m3(float(src[k]) * inverse);
+    scales[b] = finite ? uchar(e + 127) : uchar(0xff);
+"""
+
+_DEQUANTIZE = """
+    uint i = thread_position_in_grid.x;            // one thread a value
+    uint row = i / n, k = i % n;
+    uchar s = scales[row * blocks + k / 32];
+    float scale = s == 0xff ? metal::numeric_limits<float>::quiet_NaN()
+                : s == 0 ? 0.5f * mx_pow2(-126) : mx_pow2(int(s) - 127);
+    out[i] = T(mx_from_e4m3(data[i]) * scale);
+"""
+
+_quantize = metal_kernel(name="quantize_mxfp8", input_names=["x", "n", "blocks"],
+                         output_names=["data", "scales"], source=_QUANTIZE, header=_HEADER)
+_dequantize = metal_kernel(name="dequantize_mxfp8", input_names=["data", "scales", "n", "blocks"],
+                           output_names=["out"], source=_DEQUANTIZE, header=_HEADER)
+
+
+def quantize_mxfp8(x: torch.Tensor, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, scales): x as MXFP8 along `axis`. data: torch.float8_e4m3fn of x's shape; scales:
+    torch.uint8 ue8m0 exponents (2^(s - 127); 255 is NaN), x's shape with ceil(n / 32) along
+    `axis`. float16, bfloat16 and float32 inputs."""
+    pre = Preconditions("quantize_mxfp8")
+    pre.tensor("x", x, dtype=(torch.float16, torch.bfloat16, torch.float32))
+    axis = _axis(pre, axis, x.dim())
+    moved = x.movedim(axis, -1).contiguous()
+    n = moved.shape[-1]
+    blocks = -(-n // BLOCK)
+    rows = math.prod(moved.shape[:-1])
+    data, scales = _quantize(inputs=[moved, n, blocks], template=[("T", x.dtype)],
+                             output_shapes=[moved.shape, (*moved.shape[:-1], blocks)],
+                             output_dtypes=[torch.uint8, torch.uint8],
+                             grid=(rows * blocks, 1, 1), threadgroup=(128, 1, 1))
+    return data.view(torch.float8_e4m3fn).movedim(-1, axis), scales.movedim(-1, axis)
+
+
+def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, axis: int = -1,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The values of (data, scales) from quantize_mxfp8, as `dtype`."""
+    pre = Preconditions("dequantize_mxfp8")
+    pre.tensor("data", data, dtype=(torch.float8_e4m3fn, torch.uint8))
+    pre.tensor("scales", scales, dtype=(torch.uint8,))
+    axis = _axis(pre, axis, data.dim())
+    d = data.movedim(axis, -1).contiguous().view(torch.uint8)
+    s = scales.movedim(axis, -1).contiguous()
+    n = d.shape[-1]
+    blocks = -(-n // BLOCK)
+    if tuple(s.shape) != (*d.shape[:-1], blocks):
+        pre.fail(f"scales has shape {tuple(scales.shape)}; expected data's shape with "
+                 f"ceil({n} / {BLOCK}) = {blocks} along axis {axis}.")
+    out = _dequantize(inputs=[d, s, n, blocks], template=[("T", dtype)], output_shapes=[d.shape],
+                      output_dtypes=[dtype], grid=(d.numel(), 1, 1), threadgroup=(256, 1, 1))[0]
+    return out.movedim(-1, axis)
+
+
+def _axis(pre: Preconditions, axis: int, ndim: int) -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -ndim <= axis < max(ndim, 1):
+        pre.fail(f"axis {axis!r} is not an axis of a {ndim}-d tensor.")
+    return axis % ndim
+
+
+def quantize_mxfp8_reference(x: torch.Tensor, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The OCP rules in plain torch (the tests' reference)."""
+    moved = x.movedim(axis, -1).float()
+    n = moved.shape[-1]
+    blocks = -(-n // BLOCK)
+    padded = torch.nn.functional.pad(moved, (0, blocks * BLOCK - n)).unflatten(-1, (blocks, BLOCK))
+    amax = padded.abs().amax(-1)
+    _, exponent = torch.frexp(amax)  # amax = m * 2^exponent, m in [0.5, 1): floor(log2) = exponent - 1
+    normal = amax >= torch.finfo(torch.float32).tiny
+    e = torch.where(normal, (exponent - 1 - 8).clamp(-127, 127), torch.full_like(exponent, -127))
+    scaled = padded * torch.pow(2.0, -e.double()).float().unsqueeze(-1)
+    data = scaled.clamp(-448, 448).to(torch.float8_e4m3fn).flatten(-2)[..., :n]
+    scales = torch.where(torch.isfinite(amax), e + 127, torch.full_like(e, 255)).to(torch.uint8)
+    return data.movedim(-1, axis), scales.movedim(-1, axis)

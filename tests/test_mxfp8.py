@@ -1,0 +1,76 @@
+"""quantize_mxfp8 / dequantize_mxfp8 against the OCP rules written in plain torch (exact bits)."""
+
+import pytest
+import torch
+
+import kernelkit as kk
+from kernelkit.ops import dequantize_mxfp8, quantize_mxfp8, quantize_mxfp8_reference
+
+
+def _spread(shape, device, dtype=torch.float32, seed=0):
+    """Values over ~40 binades, blocks of very different sizes, zeros, and edge magnitudes."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x = x * torch.pow(2.0, torch.randint(-20, 20, shape, generator=g).double())
+    flat = x.view(-1)
+    flat[: min(40, flat.numel())] = 0  # an all-zero block
+    if flat.numel() > 100:
+        flat[64:96] *= 1e-40  # a block of float32 subnormals
+        flat[97] = 448.0 * 2 ** 3  # exactly at the top of its block's range
+    return x.to(dtype).to(device)
+
+
+def _check_bits(x, axis):
+    data, scales = quantize_mxfp8(x, axis)
+    ref_data, ref_scales = quantize_mxfp8_reference(x, axis)
+    assert data.dtype == torch.float8_e4m3fn and scales.dtype == torch.uint8
+    assert data.shape == x.shape
+    assert torch.equal(scales.cpu(), ref_scales.cpu())
+    # blocks with the NaN scale (a NaN or an infinity in them) dequantise to NaN whatever their data
+    n = x.shape[axis]
+    finite = (scales != 255).movedim(axis, -1).repeat_interleave(32, -1)[..., :n].movedim(-1, axis)
+    assert torch.equal(data.view(torch.uint8)[finite].cpu(), ref_data.view(torch.uint8)[finite].cpu())
+    return data, scales
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape, axis", [((4, 96), -1), ((3, 70), 1), ((45, 5), 0), ((2, 33, 3), 1)])
+def test_quantize_matches_the_ocp_rules_bit_for_bit(device, dtype, shape, axis):
+    _check_bits(_spread(shape, device, dtype), axis)
+
+
+def test_round_trip(device):
+    x = _spread((8, 200), device)
+    data, scales = _check_bits(x, -1)
+    out = dequantize_mxfp8(data, scales)
+    ref_data, ref_scales = quantize_mxfp8_reference(x)
+    factor = torch.pow(2.0, ref_scales.double() - 127).repeat_interleave(32, -1)[..., :200]
+    torch.testing.assert_close(out.double().cpu(), (ref_data.double() * factor).cpu(), rtol=0, atol=0)
+    # within half a step of e4m3 (16 at the top binade, in units of the scale), but for values
+    # the scale puts past 448 (saturated: the OCP scale keeps amax / X below 512)
+    scaled = x.double() / factor.to(x.device)
+    err = (out.double() - x.double()).abs() / factor.to(x.device)
+    assert float(err[scaled.abs() <= 448].max()) <= 16
+    assert torch.equal(out[scaled > 448], (448 * factor.to(x.device)[scaled > 448]).float())
+
+
+@pytest.mark.parametrize("special", [float("nan"), float("inf"), -float("inf")])
+def test_nan_block_and_saturation(device, special):
+    x = torch.randn(2, 64, device=device)
+    x[0, 5] = special
+    x[1, 40] = 1e6  # its block's scale makes it 448 * 2^k; others in that block shrink
+    data, scales = quantize_mxfp8(x)
+    assert scales[0, 0] == 255 and torch.isnan(dequantize_mxfp8(data, scales)[0, :32]).all()
+    assert not torch.isnan(dequantize_mxfp8(data, scales)[1]).any()
+
+
+def test_errors():
+    with pytest.raises(TypeError, match="quantize_mxfp8: x"):
+        quantize_mxfp8(torch.zeros(4, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="axis 2 is not an axis of a 2-d tensor"):
+        quantize_mxfp8(torch.zeros(4, 32), axis=2)
+    data, scales = quantize_mxfp8(torch.randn(4, 64))
+    with pytest.raises(ValueError, match=r"scales has shape \(4, 3\); expected data's shape with "
+                                         r"ceil\(64 / 32\) = 2 along axis 1"):
+        dequantize_mxfp8(data, torch.zeros(4, 3, dtype=torch.uint8))
+    assert kk.ops.dequantize_mxfp8 is dequantize_mxfp8
