@@ -74,3 +74,31 @@ def test_errors():
                                          r"ceil\(64 / 32\) = 2 along axis 1"):
         dequantize_mxfp8(data, torch.zeros(4, 3, dtype=torch.uint8))
     assert kk.ops.dequantize_mxfp8 is dequantize_mxfp8
+
+
+@pytest.mark.parametrize("M, N, K", [(40, 24, 96), (70, 33, 70)])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_mxfp8_matmul_against_the_dequantised_product(device, M, N, K, out_dtype):
+    """K-major both; shapes off the 64 x 64 tile and K off the 32-value blocks."""
+    a = _spread((M, K), device, seed=1) / 2**10
+    b = torch.randn(N, K, device=device)
+    qa, sa = quantize_mxfp8(a)
+    qb, sb = quantize_mxfp8(b)
+    c = kk.ops.mxfp8_matmul(qa, sa, qb, sb, out_dtype=out_dtype)
+    assert c.shape == (M, N) and c.dtype == out_dtype
+    ref = dequantize_mxfp8(qa, sa).double() @ dequantize_mxfp8(qb, sb).double().T
+    # exact products, float32 sums (then the output's rounding): relative to the largest magnitude
+    tol = 1e-5 if out_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(c.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def test_mxfp8_matmul_errors():
+    qa, sa = quantize_mxfp8(torch.randn(8, 64))
+    qb, sb = quantize_mxfp8(torch.randn(4, 32))
+    with pytest.raises(ValueError, match="mxfp8_matmul: b_data has shape"):
+        kk.ops.mxfp8_matmul(qa, sa, qb, sb)
+    qb, sb = quantize_mxfp8(torch.randn(4, 64))
+    with pytest.raises(ValueError, match="mxfp8_matmul: out_dtype"):
+        kk.ops.mxfp8_matmul(qa, sa, qb, sb, out_dtype=torch.int32)
+    with pytest.raises(TypeError, match="mxfp8_matmul: a_data"):
+        kk.ops.mxfp8_matmul(qa.float(), sa, qb, sb)

@@ -1,5 +1,6 @@
-"""MXFP8 quantisation (OCP Microscaling Formats v1.0): e4m3 values with one ue8m0 scale per 32
-consecutive values along an axis, and its inverse. The kernels' shared code is `mxfp8.metal`.
+"""MXFP8 (OCP Microscaling Formats v1.0): quantisation to e4m3 values with one ue8m0 scale per
+32 consecutive values along an axis, its inverse, and the tensor-ops talk's matmul on such data.
+The quantisation kernels' shared code is `mxfp8.metal`.
 
 Padding rule: a row whose length is not a multiple of 32 ends with a shorter block, quantised as
 if padded with zeros (its scale comes from the values present); `data` keeps x's shape, `scales`
@@ -46,6 +47,32 @@ _DEQUANTIZE = """
     out[i] = T(mx_from_e4m3(data[i]) * scale);
 """
 
+# The tensor-ops talk's quantized matmul: MXFP8 tensors (e4m3 data, a ue8m0 scales plane of 32 x 1
+# blocks along K), each threadgroup slicing its tile of C and running matmul2d over all of K; `run`
+# dequantises. B is given K-major (N x K, as weights are stored): transpose_right.
+_MATMUL_HEADER = """#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace mpp::tensor_ops;
+using scales_plane = tensor_blockwise<tensor_plane_scales, device metal_fp8_ue8m0_format, 32, 1>;
+using mxfp8_tensor = tensor<device metal_fp8_e4m3_format, dextents<int, 2>, tensor_inline, scales_plane>;
+"""
+_MATMUL = """
+    const uint2 tgid = threadgroup_position_in_grid.xy;
+    const int M = a_shape[0], K = a_shape[1], N = b_shape[0];
+    auto A = mxfp8_tensor((device metal_fp8_e4m3_format*)a, dextents<int, 2>(K, M),
+                          array<int, 2>({1, K}), scales_plane(a_scales));
+    auto B = mxfp8_tensor((device metal_fp8_e4m3_format*)b, dextents<int, 2>(K, N),
+                          array<int, 2>({1, K}), scales_plane(b_scales));
+    auto C = tensor(c, dextents<int, 2>(N, M));
+    auto tA = A.slice(0, tgid.y * TILEM);
+    auto tB = B.slice(0, tgid.x * TILEN);
+    auto tC = C.slice(tgid.x * TILEN, tgid.y * TILEM);
+    constexpr auto descriptor = matmul2d_descriptor(TILEM, TILEN, dynamic_length_v<int>, false, true);
+    matmul2d<descriptor, execution_simdgroups<4>> op;
+    op.run(tA, tB, tC);
+"""
+_TILE = (64, 64)  # (TILEM, TILEN): a threadgroup of 4 SIMD-groups computes a 64 x 64 tile of C
+
 _quantize = metal_kernel(name="quantize_mxfp8", input_names=["x", "n", "blocks"],
                          output_names=["data", "scales"], source=_QUANTIZE, header=_HEADER)
 _dequantize = metal_kernel(name="dequantize_mxfp8", input_names=["data", "scales", "n", "blocks"],
@@ -87,6 +114,32 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, axis: int = -1,
     out = _dequantize(inputs=[d, s, n, blocks], template=[("T", dtype)], output_shapes=[d.shape],
                       output_dtypes=[dtype], grid=(d.numel(), 1, 1), threadgroup=(256, 1, 1))[0]
     return out.movedim(-1, axis)
+
+
+_matmul = metal_kernel(name="mxfp8_matmul", input_names=["a", "a_scales", "b", "b_scales"],
+                       output_names=["c"], source=_MATMUL, header=_MATMUL_HEADER)
+
+
+def mxfp8_matmul(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tensor,
+                 b_scales: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """dequant(a) @ dequant(b)^T for MXFP8 operands quantised along K (both K-major, as
+    quantize_mxfp8(x, axis=-1) gives them): a (M, K) with scales (M, ceil(K / 32)), b (N, K)
+    with scales (N, ceil(K / 32)). Products exact, sums in float32, the result in out_dtype
+    (bfloat16, float16 or float32)."""
+    pre = Preconditions("mxfp8_matmul")
+    fp8 = (torch.float8_e4m3fn, torch.uint8)
+    pre.tensor("a_data", a_data, dtype=fp8, shape=("M", "K"))
+    pre.tensor("b_data", b_data, dtype=fp8, shape=("N", "K"))
+    blocks = -(-pre["K"] // BLOCK)
+    pre.tensor("a_scales", a_scales, dtype=(torch.uint8,), shape=("M", blocks))
+    pre.tensor("b_scales", b_scales, dtype=(torch.uint8,), shape=("N", blocks))
+    pre.choice("out_dtype", out_dtype, (torch.bfloat16, torch.float16, torch.float32))
+    M, N = pre["M"], pre["N"]
+    TM, TN = _TILE
+    return _matmul(inputs=[a_data.view(torch.uint8), a_scales, b_data.view(torch.uint8), b_scales],
+                   template=[("TILEM", TM), ("TILEN", TN)], output_shapes=[(M, N)],
+                   output_dtypes=[out_dtype], grid=(128 * -(-N // TN), -(-M // TM), 1),
+                   threadgroup=(128, 1, 1))[0]
 
 
 def _axis(pre: Preconditions, axis: int, ndim: int) -> int:
