@@ -605,7 +605,7 @@ class CompileCache:
                     _LOG.info("compiled %s%s in %.2f s", key[:16], suffix, time.perf_counter() - start)
                     if store:
                         store.write(key, suffix, binary, source, limit)
-                        return binary
+                    return binary
         _LOG.debug("compile cache hit on disk: %s%s", key[:16], suffix)
         return binary
 

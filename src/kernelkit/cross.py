@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .errors import CompileError
+
 _ARCHS = tuple(a for a in os.environ.get("KERNELKIT_CHECK_ARCH", "").split(",") if a)
 compiled: list[tuple[str, str]] = []  # (kernel name, arch) compiled by the check, in order
 
@@ -47,12 +49,9 @@ def build_for(kernel, sig, arch: str) -> CompiledKernel:
         binary = CACHE.get(key_of(source, kernel.math_mode, *flags, target, cuda.nvrtc_identity()),
                            ".cubin", source,
                            lambda: cuda.compile_source(source, target, kernel.math_mode, flags))
-    except Exception as e:
-        from .errors import CompileError
-        if isinstance(e, CompileError):
-            raise e.with_context(f"[{kernel.caller}] kernel {kernel.name!r} for {target}",
-                                 kernel.source, kernel.header) from None
-        raise
+    except CompileError as e:
+        raise e.with_context(f"[{kernel.caller}] kernel {kernel.name!r} for {target}",
+                             kernel.source, kernel.header) from None
     compiled.append((kernel.name, target))
     return CompiledKernel(kernel.name, target, binary, source)
 
