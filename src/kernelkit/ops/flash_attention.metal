@@ -1,0 +1,31 @@
+// Flash attention on the tensor-ops layer (the talk's "advanced op"): what the three kernels
+// (flash_attention_forward.metal, _dq.metal, _dkdv.metal) share.
+//
+// Every kernel is a template over T (the element type), A (the accumulator: float, or double for
+// float64), D (the head dim), BK (the rows of a staged tile), NW (SIMD-groups a threadgroup) and
+// BSHD (the outputs' layout). Each SIMD-group owns 16 rows of its threadgroup's block and runs
+// its matmul2d ops on execution_simdgroup: the cooperative tensors are then the tensor cores'
+// own fragments (layout.h), and a destination is reused as the next op's left input in registers.
+// Scores are kept in the log2 domain (scaled by scale * log2(e)) so that exp2 does the softmax.
+#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace mpp::tensor_ops;
+
+constant constexpr int FA_ROWS = 16;  // rows of a SIMD-group's block: one mma.sync fragment high
+
+// Rows [0, ROWS) of a (rows x D) matrix with row stride `stride` into threadgroup memory, packed
+// (row r at dst + r * D); rows at or past `valid` are zero, so that a product over the whole tile
+// adds nothing for them (a masked score times a zero row, never times garbage: 0 * NaN is NaN).
+template <int ROWS, int D, int THREADS, class T>
+METAL_FUNC void fa_stage(threadgroup T* dst, const device T* src, long stride, int valid, uint tid) {
+  for (uint e = tid; e < uint(ROWS * D); e += THREADS) {
+    const int r = int(e) / D, c = int(e) % D;
+    dst[e] = r < valid ? src[r * stride + c] : T(0);
+  }
+}
+
+// Element (b, h, s, 0) of a (B, H, S, D) tensor in the op's layout: (B, H, S, D) or (B, S, H, D).
+template <bool BSHD>
+METAL_FUNC long fa_offset(int b, int h, int s, int H, int S, int D) {
+  return BSHD ? ((long(b) * S + s) * H + h) * D : ((long(b) * H + h) * S + s) * D;
+}

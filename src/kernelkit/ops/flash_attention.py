@@ -1,0 +1,187 @@
+"""Flash attention, as the tensor-ops talk writes it: softmax(q k^T * scale) v in one pass over
+the keys, never holding the scores, with a FlashAttention-2 backward; differentiable.
+
+The forward (flash_attention_forward.metal) is the talk's loop on kernelkit's tensor-op layer:
+QK^T into a cooperative tensor by matmul2d, reduce_rows for the running max, map_iterator for
+the exponentials and the rescaling, and the probabilities reused in registers as the left input
+of the PV matmul2d. It keeps each row's log-sum-exp for the backward, which recomputes the
+probabilities from it: one kernel for dQ (it also computes D = rowsum(dO * O)), one for dK and
+dV (each threadgroup owns a block of keys and sums over every query head that reads them), so no
+atomics. Causal masking is top-left aligned, as torch's scaled_dot_product_attention(is_causal=
+True): query i sees keys j <= i, whatever the two lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .. import custom_function, metal_kernel
+from ..preconditions import FLOATS, Preconditions
+
+_HERE = Path(__file__)
+_HEADER = _HERE.with_name("flash_attention.metal").read_text()
+_NW = 4  # SIMD-groups a threadgroup: 4 x 16 query (or key) rows
+_HEAD_DIMS = (64, 128, 256)
+_LAYOUTS = ("bhsd", "bshd")
+
+
+def _kernel(name: str, inputs: list[str], outputs: list[str]):
+    return metal_kernel(name=f"flash_attention_{name}", input_names=inputs, output_names=outputs,
+                        source=_HERE.with_name(f"flash_attention_{name}.metal").read_text(),
+                        header=_HEADER, ensure_row_contiguous=False)
+
+
+_forward = _kernel("forward", ["q", "k", "v", "scale", "causal"], ["o", "lse"])
+_dq = _kernel("dq", ["q", "k", "v", "o", "dout", "lse", "dlse", "scale", "causal"], ["dq", "delta"])
+_dkdv = _kernel("dkdv", ["q", "k", "v", "dout", "lse", "delta", "scale", "causal"], ["dk", "dv"])
+
+
+def _tile(dtype: torch.dtype, d: int) -> int:
+    """Rows of a staged tile: two of them (K and V, or Q and dO) fill 32 KiB of threadgroup memory,
+    within the 48 KiB a CUDA kernel has statically; 16 to 64 rows."""
+    return max(16, min(64, 16384 // (d * dtype.itemsize)))
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x with its last dim packed (the kernels read any other strides as they are)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The (B, H, S, D) view of x."""
+    return x.transpose(1, 2) if layout == "bshd" else x
+
+
+def _scale(scale: float, dtype: torch.dtype, device):
+    """A float32 scalar, or a float64 one for float64 (a Python float is passed as float32)."""
+    return torch.tensor(scale, dtype=dtype, device=device) if dtype == torch.float64 else float(scale)
+
+
+def _template(dtype: torch.dtype, d: int, layout: str):
+    return [("T", dtype), ("A", _acc(dtype)), ("D", d), ("BK", _tile(dtype, d)), ("NW", _NW),
+            ("BSHD", layout == "bshd")]
+
+
+def _check(q, k, v, causal, scale, layout) -> Preconditions:
+    pre = Preconditions("flash_attention")
+    pre.choice("layout", layout, _LAYOUTS)
+    dims = ("B", "H", "Sq", "D") if layout == "bhsd" else ("B", "Sq", "H", "D")
+    kv_dims = ("B", "Hkv", "Sk", "D") if layout == "bhsd" else ("B", "Sk", "Hkv", "D")
+    pre.tensor("q", q, dtype=FLOATS, shape=dims)
+    pre.tensor("k", k, dtype="q", shape=kv_dims)
+    pre.tensor("v", v, dtype="q", shape=kv_dims)
+    pre.flag("causal", causal)
+    if pre["D"] not in _HEAD_DIMS:
+        pre.fail(f"head dim D={pre['D']} is not supported; expected one of {_HEAD_DIMS}.")
+    if pre["Hkv"] == 0 or pre["H"] % pre["Hkv"]:
+        pre.fail(f"q has {pre['H']} heads and k, v have {pre['Hkv']}; grouped-query attention needs "
+                 "the query heads to be a multiple of the key/value heads.")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        pre.fail(f"scale must be a finite number or None, got {scale!r}.", TypeError)
+    for name, n in (("B", pre["B"]), ("H", pre["H"])):
+        if n > 65535:
+            pre.fail(f"{name}={n} is more than a launch takes (65535); split the call.")
+    return pre
+
+
+def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
+                            layout: str = "bhsd") -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, lse) by the forward kernel, not differentiable. lse: (B, H, Sq), the natural log of
+    each row's sum of exp(scores * scale), float32 (float64 for float64)."""
+    pre = _check(q, k, v, causal, scale, layout)
+    B, H, Sq, D, Sk = pre["B"], pre["H"], pre["Sq"], pre["D"], pre["Sk"]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    acc = _acc(q.dtype)
+    if B * H * Sq == 0 or Sk == 0:  # no keys: softmax over nothing is zeros, as torch's SDPA
+        lse = torch.full((B, H, Sq), -math.inf, dtype=acc, device=q.device)
+        return torch.zeros_like(q, memory_format=torch.contiguous_format), lse
+    BQ = _NW * 16
+    o, lse = _forward(inputs=[_rows(_bhsd(q, layout)), _rows(_bhsd(k, layout)), _rows(_bhsd(v, layout)),
+                              _scale(scale, acc, q.device), causal],
+                      template=_template(q.dtype, D, layout), output_shapes=[q.shape, (B, H, Sq)],
+                      output_dtypes=[q.dtype, acc], grid=(_NW * 32 * -(-Sq // BQ), H, B),
+                      threadgroup=(_NW * 32, 1, 1))
+    return o, lse
+
+
+def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = False,
+                             scale: float | None = None, layout: str = "bhsd"):
+    """(dq, dk, dv) from the output o and lse of the forward and the output's cotangent dout (and
+    lse's, dlse, if any): FlashAttention-2's backward, in two kernels."""
+    pre = _check(q, k, v, causal, scale, layout)
+    B, H, Sq, D, Hkv, Sk = pre["B"], pre["H"], pre["Sq"], pre["D"], pre["Hkv"], pre["Sk"]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    acc = _acc(q.dtype)
+    if B * H * Sq == 0 or Sk == 0:  # nothing depends on q, k or v
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dlse = torch.zeros((), dtype=acc, device=q.device) if dlse is None else dlse
+    q4, k4, v4 = (_rows(_bhsd(x, layout)) for x in (q, k, v))
+    o4, do4 = _rows(_bhsd(o, layout)), _rows(_bhsd(dout.to(q.dtype), layout))
+    lse = lse.to(acc).contiguous()
+    s = _scale(scale, acc, q.device)
+    template = _template(q.dtype, D, layout)
+    BQ = _NW * 16
+    dq, delta = _dq(inputs=[q4, k4, v4, o4, do4, lse, dlse.to(acc).expand(B, H, Sq).contiguous(), s, causal],
+                    template=template, output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, acc],
+                    grid=(_NW * 32 * -(-Sq // BQ), H, B), threadgroup=(_NW * 32, 1, 1))
+    dk, dv = _dkdv(inputs=[q4, k4, v4, do4, lse, delta, s, causal], template=template,
+                   output_shapes=[k.shape, v.shape], output_dtypes=[q.dtype, q.dtype],
+                   grid=(_NW * 32 * -(-Sk // BQ), Hkv, B), threadgroup=(_NW * 32, 1, 1))
+    return dq, dk, dv
+
+
+@custom_function
+def _attention(q, k, v, *, causal, scale, layout):
+    return flash_attention_forward(q, k, v, causal, scale, layout)
+
+
+@_attention.vjp
+def _attention_vjp(primals, cotangents, outputs, *, causal, scale, layout):
+    q, k, v = primals
+    dout, dlse = cotangents
+    o, lse = outputs
+    return flash_attention_backward(q, k, v, o, lse, dout, dlse, causal, scale, layout)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, layout: str = "bhsd", return_lse: bool = False):
+    """softmax(q k^T * scale + mask) v, as torch's scaled_dot_product_attention, in one kernel.
+
+    q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D) with H a multiple of Hkv (grouped-query attention:
+    query head h reads key/value head h // (H / Hkv)); with layout="bshd" the tensors are
+    (B, S, H, D). D: 64, 128 or 256; any lengths. float16, bfloat16 or float32 (float64 too, for
+    gradchecks), products of float16/bfloat16 on the tensor cores, sums in float32. scale defaults
+    to 1 / sqrt(D); causal masks top-left aligned, as torch's is_causal: query i sees keys j <= i.
+    Differentiable in q, k and v. Returns the output, in q's layout and dtype; with
+    return_lse=True also the log-sum-exp of each row of scaled scores, (B, H, Sq), float32
+    (float64 for float64), differentiable too.
+    """
+    _check(q, k, v, causal, scale, layout)
+    Preconditions("flash_attention").flag("return_lse", return_lse)
+    o, lse = _attention(q, k, v, causal=causal, scale=scale, layout=layout)
+    return (o, lse) if return_lse else o
+
+
+def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                              scale: float | None = None, layout: str = "bhsd", return_lse: bool = False):
+    """The plain-torch reference, in the inputs' dtype (float64 for the tests):
+    softmax(q k^T * scale) v with k, v repeated over the query heads that share them."""
+    q, k, v = (_bhsd(x, layout) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        seen = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~seen, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    o = _bhsd(torch.softmax(s, -1) @ v, layout)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,141 @@
+"""kk.ops.flash_attention (issue 18): outputs, log-sum-exps and gradients against a float64
+plain-torch reference of softmax(q k^T * scale) v, for lengths off the tiles, query and key
+lengths that differ, causal (top-left, as torch's is_causal) and not, grouped-query attention and
+both layouts; gradcheck in float64; errors. Every kernel built here is also compiled for sm_90a in
+CI (conftest); the GPU's own configurations are compiled explicitly below."""
+
+import importlib
+
+import pytest
+import torch
+
+import kernelkit as kk
+from kernelkit.ops import flash_attention, flash_attention_reference
+
+fa = importlib.import_module("kernelkit.ops.flash_attention")  # the module (kk.ops.flash_attention is the op)
+
+
+def _qkv(B, H, Hkv, Sq, Sk, D, dtype, device, layout="bhsd", grad=False):
+    def one(h, s):
+        x = torch.randn((B, h, s, D) if layout == "bhsd" else (B, s, h, D), dtype=torch.float64)
+        return x.to(device=device, dtype=dtype).requires_grad_(grad)
+    return one(H, Sq), one(Hkv, Sk), one(Hkv, Sk)
+
+
+def _reference(q, k, v, causal, layout, dout, dlse):
+    """(o, lse, dq, dk, dv) of the float64 reference for the cotangents dout and dlse."""
+    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    o, lse = flash_attention_reference(q, k, v, causal, layout=layout, return_lse=True)
+    grads = torch.autograd.grad((o * dout.double()).sum() + (lse * dlse.double()).sum(), (q, k, v))
+    return (o.detach(), lse.detach(), *grads)
+
+
+def _check(B, H, Hkv, Sq, Sk, D, causal, layout, dtype, device, tol):
+    q, k, v = _qkv(B, H, Hkv, Sq, Sk, D, dtype, device, layout, grad=True)
+    o, lse = flash_attention(q, k, v, causal=causal, layout=layout, return_lse=True)
+    assert o.shape == q.shape and o.dtype == dtype and lse.shape == (B, H, Sq)
+    dout, dlse = torch.randn_like(o), torch.randn_like(lse)
+    grads = torch.autograd.grad((o * dout).sum() + (lse * dlse).sum(), (q, k, v))
+    refs = _reference(q, k, v, causal, layout, dout, dlse)
+    for name, got, ref in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, *grads), refs):
+        assert got.shape == ref.shape, name
+        # relative to the largest magnitude: half-precision inputs round P and dS as FlashAttention does
+        torch.testing.assert_close(got.double().cpu(), ref.cpu(), rtol=tol, atol=tol * max(1.0, ref.abs().max().item()),
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("B, H, Hkv, Sq, Sk, D, causal, layout", [
+    (1, 2, 2, 1, 1, 64, False, "bhsd"),
+    (1, 2, 1, 17, 33, 64, True, "bhsd"),      # GQA, fewer queries than keys
+    (2, 2, 2, 70, 17, 64, True, "bshd"),      # more queries than keys
+    (1, 4, 2, 33, 70, 128, False, "bshd"),
+    (1, 2, 1, 70, 70, 128, True, "bhsd"),
+    (1, 1, 1, 33, 20, 256, True, "bhsd"),
+])
+def test_against_float64_reference(B, H, Hkv, Sq, Sk, D, causal, layout):
+    _check(B, H, Hkv, Sq, Sk, D, causal, layout, torch.float32, torch.device("cpu"), 2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(device, dtype):
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    _check(1, 4, 2, 45, 70, 128, True, "bhsd", dtype, device, tol)
+
+
+def test_matches_torch_sdpa():
+    """Same semantics as scaled_dot_product_attention: its causal alignment for Sq != Sk, GQA
+    (enable_gqa), an explicit scale."""
+    F = torch.nn.functional
+    for Sq, Sk in ((20, 9), (9, 20)):
+        q, k, v = _qkv(2, 4, 2, Sq, Sk, 64, torch.float32, "cpu")
+        for causal in (False, True):
+            got = flash_attention(q, k, v, causal=causal, scale=0.3)
+            want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(causal):
+    q, k, v = _qkv(1, 2, 1, 5, 3, 64, torch.float64, "cpu", "bshd", grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: flash_attention(q, k, v, causal=causal, layout="bshd", return_lse=True), (q, k, v),
+        fast_mode=True)
+
+
+def test_strided_inputs_and_empty_sequences():
+    q, k, v = _qkv(1, 2, 2, 20, 30, 64, torch.float32, "cpu")
+    qs = torch.randn(1, 20, 2, 64).transpose(1, 2)  # a (B, H, S, D) view of a bshd tensor
+    torch.testing.assert_close(flash_attention(qs, k, v), flash_attention_reference(qs, k, v), rtol=1e-5, atol=1e-5)
+    empty = torch.zeros(1, 2, 0, 64)
+    assert torch.equal(flash_attention(q, empty, empty), torch.zeros_like(q))  # no keys: zeros, as torch
+    assert flash_attention(empty, k, v).shape == (1, 2, 0, 64)
+
+
+def test_errors():
+    q = torch.randn(1, 4, 8, 64)
+    with pytest.raises(TypeError, match="flash_attention: q has dtype int32"):
+        flash_attention(q.int(), q.int(), q.int())
+    with pytest.raises(ValueError, match=r"head dim D=48 is not supported; expected one of \(64, 128, 256\)"):
+        x = torch.randn(1, 4, 8, 48)
+        flash_attention(x, x, x)
+    with pytest.raises(ValueError, match="q has 4 heads and k, v have 3; grouped-query attention"):
+        kv = torch.randn(1, 3, 8, 64)
+        flash_attention(q, kv, kv)
+    with pytest.raises(ValueError, match=r"k has shape \(1, 4, 8, 128\); expected \(B=1, Hkv, Sk, D=64\)"):
+        flash_attention(q, torch.randn(1, 4, 8, 128), q)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        flash_attention(q, q, q, layout="sbhd")
+    with pytest.raises(TypeError, match="flash_attention: causal must be a bool"):
+        flash_attention(q, q, q, causal=1)
+    with pytest.raises(TypeError, match="flash_attention: scale must be a finite number or None"):
+        flash_attention(q, q, q, scale=float("nan"))
+    with pytest.raises(TypeError, match="flash_attention: v has dtype float16; expected float32"):
+        flash_attention(q, q, q.half())
+    assert kk.ops.flash_attention is flash_attention and "flash_attention" in kk.ops.__all__
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_gpu_kernels_compile_for_sm90a(dtype, D):
+    """The three kernels as an H100 launches them, compiled by NVRTC without a GPU."""
+    meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
+    acc = torch.empty(2, 16, 256, dtype=torch.float32, device="meta")
+    template = fa._template(dtype, D, "bhsd")
+    for kernel, inputs, outs in (
+            (fa._forward, [meta, meta, meta, 0.1, True], [dtype, torch.float32]),
+            (fa._dq, [meta, meta, meta, meta, meta, acc, acc, 0.1, True], [dtype, torch.float32]),
+            (fa._dkdv, [meta, meta, meta, meta, acc, acc, 0.1, True], [dtype, dtype])):
+        compiled = kk.compile_for(kernel, "sm_90", inputs=inputs, output_dtypes=outs, template=template)
+        assert compiled.arch == "sm_90a" and compiled.binary
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B, H, Hkv, Sq, Sk, D, causal, layout", [
+    (2, 8, 8, 1000, 1000, 128, True, "bhsd"),
+    (2, 8, 2, 513, 1100, 64, False, "bshd"),
+    (1, 4, 4, 300, 300, 256, True, "bhsd"),
+])
+def test_gpu_against_float64_reference(dtype, B, H, Hkv, Sq, Sk, D, causal, layout):
+    _check(B, H, Hkv, Sq, Sk, D, causal, layout, dtype, torch.device("cuda"), 2e-2 if dtype == torch.bfloat16 else 4e-3)
