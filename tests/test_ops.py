@@ -380,6 +380,35 @@ def test_matmul_add_relu_backward(device):
         torch.testing.assert_close(t.grad.double(), r.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_matmul_add_relu_wide_tiles(device, dtype):
+    """16-bit types over several of the GPU's 256 x 128 tiles (edges off the tile, K aligned for
+    TMA and not), forward and backward, against float64."""
+    for k in (264, 77):
+        lhs, rhs, bias = (t.requires_grad_() for t in _operands(((2, 300, k), (k, 200), (200,)), device, dtype))
+        out = matmul_add_relu(lhs, rhs, bias)
+        refs = [t.detach().double().requires_grad_() for t in (lhs, rhs, bias)]
+        ref = matmul_add_relu_reference(*refs)
+        assert relative_error(out.detach(), ref.detach()) < 1e-2
+        cot = torch.randn_like(out)
+        out.backward(cot)
+        ref.backward(cot.double())
+        for t, r in zip((lhs, rhs, bias), refs):
+            assert t.grad.dtype == dtype and relative_error(t.grad, r.grad) < 2e-2
+
+
+def test_matmul_add_relu_relaxed_precision(device):
+    """float32 is exact by default; relaxed_precision=True allows tf32 products (10-bit mantissas)."""
+    lhs, rhs, bias = _operands(((2, 130, 70), (70, 150), (150,)), device, torch.float32)
+    ref = matmul_add_relu_reference(lhs.double(), rhs.double(), bias.double())
+    relaxed = matmul_add_relu(lhs, rhs, bias, relaxed_precision=True)
+    assert relative_error(relaxed, ref) < 5e-3
+    torch.testing.assert_close(matmul_add_relu(lhs, rhs, bias).double(), ref, rtol=1e-5, atol=1e-5)
+    lhs.requires_grad_()
+    matmul_add_relu(lhs, rhs, bias, relaxed_precision=True).sum().backward()
+    assert relative_error(lhs.grad, ((ref > 0).double() @ rhs.double().T)) < 5e-3
+
+
 def test_matmul_add_relu_gradcheck(device):
     if device.type != "cpu":
         pytest.skip("gradcheck runs on the CPU backend")

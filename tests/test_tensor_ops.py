@@ -370,10 +370,11 @@ def _documented(outer, inner, simdgroups, threads):
     held, ib = {}, -(-inner // 8)
     for tid in range(threads):
         lane, w = tid % 32, (tid // 32) % simdgroups
-        cap = -(-(-(-outer // 16)) // simdgroups) * ib * 4
-        for i in range(cap):
+        obw = -(-(-(-outer // 16)) // simdgroups)  # 16-row blocks a SIMD-group
+        band = 4 if simdgroups % 4 == 0 else simdgroups  # SIMD-groups sharing a band of rows
+        for i in range(obw * ib * 4):
             e, j = i % 4, i // 4
-            o = 16 * ((j // ib) * simdgroups + w) + lane // 4 + 8 * (e // 2)
+            o = 16 * ((w // band) * obw * band + (j // ib) * band + w % band) + lane // 4 + 8 * (e // 2)
             n = 8 * (j % ib) + 2 * (lane % 4) + e % 2
             if o < outer and n < inner:
                 assert (o, n) not in held
@@ -403,6 +404,38 @@ def test_cooperative_layout_is_documented(device):
             if row < 40:
                 want[row, tid] = slot
     assert torch.equal(rows.cpu(), want)
+
+
+# Two warpgroups (execution_simdgroups<8>): each four SIMD-groups take a band of rows, as wgmma's
+# accumulators; map_iterator into the row reduction finds each element's row there.
+LAYOUT8 = """
+  const int tid = thread_index_in_threadgroup;
+  auto A = tensor(a, dextents<int, 2>(16, 150));
+  constexpr auto desc = matmul2d_descriptor(150, 24, 16);
+  matmul2d<desc, execution_simdgroups<8>> op;
+  auto d = op.get_destination_cooperative_tensor<decltype(A), decltype(A), float>();
+  auto r = op.get_row_reduction_destination_cooperative_tensor<decltype(A), decltype(A), float>();
+  for (auto it = r.begin(); it != r.end(); ++it)
+    if (it.is_valid_element()) *it = float(it.get_multidimensional_index()[0]);
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    if (!it.is_valid_element()) continue;
+    auto idx = it.get_multidimensional_index();
+    dest[idx[1] * 24 + idx[0]] = tid * 100 + it.get_index();
+    rows[idx[1] * 24 + idx[0]] = int(*r.map_iterator(it));
+  }
+"""
+
+
+def test_cooperative_layout_of_two_warpgroups(device):
+    k = kk.metal_kernel("tops_layout8", ["a"], ["dest", "rows"], LAYOUT8, header=HEADER)
+    a = torch.zeros(150, 16, device=device)
+    dest, rows = k(inputs=[a], output_shapes=[(150, 24), (150, 24)], output_dtypes=[torch.int32] * 2,
+                   grid=(256, 1, 1), threadgroup=(256, 1, 1), init_value=-1)
+    want = torch.full_like(dest, -1, device="cpu")
+    for (o, n), v in _documented(150, 24, 8, 256).items():
+        want[o, n] = v
+    assert torch.equal(dest.cpu(), want)
+    assert torch.equal(rows.cpu(), torch.arange(150, dtype=torch.int32)[:, None].expand(150, 24))
 
 
 def test_scope_mismatch_is_a_clear_error():

@@ -1,98 +1,41 @@
 """relu(lhs @ rhs + bias) in one kernel: Burn's "custom cubecl kernel" example, with autodiff.
 
-As in Burn's guide, the forward is a fused kernel and the backward is built from plain tensor
-ops (relu's mask from the saved output, then two matmuls), so only the forward needs a kernel.
-Beyond the guide: batch dims broadcast (torch.broadcast_shapes), bias broadcasts to the output,
-inputs are read through their strides (no copies for broadcast or transposed operands), and
-the matmul is tiled through threadgroup memory rather than one dot product per thread.
+The forward is the tensor-op layer's matmul with the bias and relu applied to the accumulators
+before the single store (matmul_add_relu.metal); the backward is Burn's (relu's mask from the saved
+output, then two matmuls), its matmuls the same kernel without the relu. Beyond the guide: batch
+dims broadcast (torch.broadcast_shapes), bias broadcasts to the output, and every operand is read
+through its strides (no copies for broadcast or transposed operands).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from .. import custom_function, metal_kernel
 from ..preconditions import FLOATS, Preconditions
 
-# A threadgroup of 16 x 16 threads computes a 64 x 64 tile of one batch's output, stepping
-# through K 16 at a time: both operand tiles go through threadgroup memory, so every value
-# read from device memory is used 64 times, and each thread keeps a 4 x 4 block of sums in
-# registers. Thread (tx, ty) owns rows ty + 16 i and columns tx + 16 j: in the inner loop, a
-# row of 16 threads reads one lhs value (a broadcast) and 16 consecutive rhs values (no bank
-# conflicts), and the final stores of those 16 threads are consecutive in memory.
-SOURCE = """
-    const int nd = lhs_ndim;
-    const int M = lhs_shape[nd - 2];
-    const int K = lhs_shape[nd - 1];
-    const int N = rhs_shape[nd - 1];
-    const uint tiles_n = ceildiv(N, BN);
-    const uint tiles_m = ceildiv(M, BM);
-    const uint g = threadgroup_position_in_grid.x;
-    const int n0 = (g % tiles_n) * BN;
-    const int m0 = (g / tiles_n % tiles_m) * BM;
-    const uint batch = g / (tiles_n * tiles_m);
-    const uint tid = thread_index_in_threadgroup;
-    const int tx = tid % 16;
-    const int ty = tid / 16;
-
-    // Where this batch's matrices start: the batch dims may broadcast (stride 0).
-    const device T* a = lhs + elem_to_loc(int64_t(batch), lhs_shape, lhs_strides, nd - 2);
-    const device T* b = rhs + elem_to_loc(int64_t(batch), rhs_shape, rhs_strides, nd - 2);
-    const device T* c = bias + elem_to_loc(int64_t(batch), bias_shape, bias_strides, nd - 2);
-    const int64_t a_m = lhs_strides[nd - 2], a_k = lhs_strides[nd - 1];
-    const int64_t b_k = rhs_strides[nd - 2], b_n = rhs_strides[nd - 1];
-    const int64_t c_m = bias_strides[nd - 2], c_n = bias_strides[nd - 1];
-
-    // +1: the lhs tile is stored transposed (As[k][m]), the padding spreads its stores over banks
-    threadgroup A As[BK][BM + 1];
-    threadgroup A Bs[BK][BN];
-    A acc[4][4];
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = A(0);
-
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        // Load the tiles, zero past the edges; consecutive threads take consecutive k (lhs)
-        // and consecutive n (rhs), the contiguous dims of row-major operands.
-        for (uint e = tid; e < BM * BK; e += 256) {
-            int r = e / BK, q = e % BK;
-            int m = m0 + r, k = k0 + q;
-            As[q][r] = m < M && k < K ? A(a[m * a_m + k * a_k]) : A(0);
-        }
-        for (uint e = tid; e < BK * BN; e += 256) {
-            int q = e / BN, col = e % BN;
-            int k = k0 + q, n = n0 + col;
-            Bs[q][col] = k < K && n < N ? A(b[k * b_k + n * b_n]) : A(0);
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        for (int q = 0; q < BK; ++q) {
-            A av[4], bv[4];
-            for (int i = 0; i < 4; ++i) av[i] = As[q][ty + 16 * i];
-            for (int j = 0; j < 4; ++j) bv[j] = Bs[q][tx + 16 * j];
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);  // before the next tiles overwrite these
-    }
-
-    device T* o = out + int64_t(batch) * M * N;
-    for (int i = 0; i < 4; ++i) {
-        int m = m0 + ty + 16 * i;
-        if (m >= M) break;
-        for (int j = 0; j < 4; ++j) {
-            int n = n0 + tx + 16 * j;
-            if (n >= N) break;
-            A v = acc[i][j] + A(c[m * c_m + n * c_n]);
-            o[int64_t(m) * N + n] = T(v < A(0) ? A(0) : v);  // relu; NaN stays NaN, as torch.relu
-        }
-    }
+_HEADER = """#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace mpp::tensor_ops;
 """
-
-_BM, _BN, _BK = 64, 64, 16
 _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"], output_names=["out"],
-                       source=SOURCE, ensure_row_contiguous=False,
-                       compile_options={"math_mode": "relaxed"})  # FMA contraction, IEEE division
+                       source=Path(__file__).with_name("matmul_add_relu.metal").read_text(), header=_HEADER,
+                       ensure_row_contiguous=False)
+
+# (TILEM, TILEN, SG): on NVIDIA, 16-bit types take the warpgroup path with two warpgroups sharing
+# a 256 x 128 tile (the talk matmul's fastest, bench/bench_talk_matmul.py); float (exact: mma.sync
+# 3xTF32) and the CPU's loops keep 64 x 64 tiles of four SIMD-groups (32 sums a thread).
+_WIDE, _NARROW = (256, 128, 8), (64, 64, 4)
+_BAND = 16
+
+
+def _tile(dtype: torch.dtype, device: torch.device, relaxed: bool) -> tuple[int, int, int]:
+    wide = device.type == "cuda" and (dtype in (torch.float16, torch.bfloat16) or
+                                      (dtype == torch.float32 and relaxed))
+    return _WIDE if wide else _NARROW
 
 
 def _output_shape(lhs, rhs, bias) -> tuple[int, ...]:
@@ -115,26 +58,43 @@ def _output_shape(lhs, rhs, bias) -> tuple[int, ...]:
     return out_shape
 
 
-def matmul_add_relu_forward(lhs, rhs, bias) -> torch.Tensor:
-    """relu(lhs @ rhs + bias) by the fused kernel, not differentiable."""
-    out_shape = _output_shape(lhs, rhs, bias)
+def _fused(lhs, rhs, bias, out_shape, relu: bool, relaxed: bool) -> torch.Tensor:
+    """(relu)(lhs @ rhs + bias) for checked operands, by the kernel."""
     M, K = lhs.shape[-2:]
     N = rhs.shape[-1]
     if math.prod(out_shape) == 0:
         return lhs.new_empty(out_shape)
     if K == 0:  # an empty sum: nothing to multiply
-        return torch.relu(bias.expand(out_shape)).contiguous()
+        b = bias.expand(out_shape)
+        return (torch.relu(b) if relu else b).contiguous()
     batch = out_shape[:-2]
-    groups = math.prod(batch) * -(-M // _BM) * -(-N // _BN)
-    if groups * 256 >= 2**32:
+    tm, tn, sg = _tile(lhs.dtype, lhs.device, relaxed)
+    groups = math.prod(batch) * -(-M // tm) * -(-N // tn)
+    if groups * 32 * sg >= 2**32:
         raise ValueError(f"matmul_add_relu: output {out_shape} needs {groups} threadgroups, more than "
                          "one launch takes; split the batch.")
+    if max(M, N, K) >= 2**31 or max(map(abs, (*lhs.stride(), *rhs.stride()))) >= 2**31:
+        raise ValueError(f"matmul_add_relu: matrices of {M} x {K} and {K} x {N} (or their strides) "
+                         "pass 2**31 elements; the tiles index them with 32-bit ints.")
     acc = torch.float64 if lhs.dtype == torch.float64 else torch.float32
     # Broadcasting as views (stride 0): the kernel reads every operand through its strides.
     return _kernel(inputs=[lhs.expand(*batch, M, K), rhs.expand(*batch, K, N), bias.expand(out_shape)],
-                   template=[("T", lhs.dtype), ("A", acc), ("BM", _BM), ("BN", _BN), ("BK", _BK)],
-                   output_shapes=[out_shape], output_dtypes=[lhs.dtype], grid=(groups * 256, 1, 1),
-                   threadgroup=(256, 1, 1))[0]
+                   template=[("T", lhs.dtype), ("ACC", acc), ("TILEM", tm), ("TILEN", tn), ("SG", sg),
+                             ("BAND", _BAND), ("RELU", int(relu)), ("RELAXED", int(relaxed))],
+                   output_shapes=[out_shape], output_dtypes=[lhs.dtype], grid=(groups * 32 * sg, 1, 1),
+                   threadgroup=(32 * sg, 1, 1))[0]
+
+
+def matmul_add_relu_forward(lhs, rhs, bias, relaxed_precision: bool = False) -> torch.Tensor:
+    """relu(lhs @ rhs + bias) by the fused kernel, not differentiable."""
+    return _fused(lhs, rhs, bias, _output_shape(lhs, rhs, bias), True, relaxed_precision)
+
+
+def _matmul(a, b, relaxed: bool) -> torch.Tensor:
+    """a @ b (batch dims broadcast) on the forward's tiles, no epilogue."""
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)
+    return _fused(a, b, zero, shape, False, relaxed)
 
 
 def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
@@ -146,31 +106,44 @@ def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
     return t.sum(dim=dims, keepdim=True) if dims else t
 
 
-def matmul_add_relu_backward(lhs, rhs, bias, cotangent, output):
-    """(lhs_grad, rhs_grad, bias_grad) from plain torch ops, as Burn's backward."""
+def matmul_add_relu_backward(lhs, rhs, bias, cotangent, output, relaxed_precision: bool = False):
+    """(lhs_grad, rhs_grad, bias_grad), as Burn's backward: relu's mask, then two matmuls (the
+    forward's kernel)."""
     grad = torch.where(output > 0, cotangent, torch.zeros((), dtype=cotangent.dtype,
                                                           device=cotangent.device))  # relu_backward
-    return (_sum_to(grad @ rhs.transpose(-1, -2), lhs.shape),
-            _sum_to(lhs.transpose(-1, -2) @ grad, rhs.shape),
+    return (_sum_to(_matmul(grad, rhs.transpose(-1, -2), relaxed_precision), lhs.shape),
+            _sum_to(_matmul(lhs.transpose(-1, -2), grad, relaxed_precision), rhs.shape),
             _sum_to(grad, bias.shape))
 
 
 @custom_function
-def _matmul_add_relu(lhs, rhs, bias):
+def _exact(lhs, rhs, bias):
     return matmul_add_relu_forward(lhs, rhs, bias)
 
 
-@_matmul_add_relu.vjp
-def _matmul_add_relu_vjp(primals, cotangent, output):
+@_exact.vjp
+def _exact_vjp(primals, cotangent, output):
     return matmul_add_relu_backward(*primals, cotangent, output)
 
 
-def matmul_add_relu(lhs: torch.Tensor, rhs: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+@custom_function
+def _relaxed(lhs, rhs, bias):
+    return matmul_add_relu_forward(lhs, rhs, bias, relaxed_precision=True)
+
+
+@_relaxed.vjp
+def _relaxed_vjp(primals, cotangent, output):
+    return matmul_add_relu_backward(*primals, cotangent, output, relaxed_precision=True)
+
+
+def matmul_add_relu(lhs: torch.Tensor, rhs: torch.Tensor, bias: torch.Tensor,
+                    relaxed_precision: bool = False) -> torch.Tensor:
     """relu(lhs @ rhs + bias) for lhs (..., M, K), rhs (..., K, N) with broadcasting batch dims and
     bias broadcastable to the output (..., M, N); float16/bfloat16/float32/float64, sums in float32
-    (float64 for float64). Differentiable in all three."""
+    (float64 for float64). float32 is exact unless relaxed_precision=True allows tf32 products.
+    Differentiable in all three (the backward's matmuls on the same tiles)."""
     _output_shape(lhs, rhs, bias)
-    return _matmul_add_relu(lhs, rhs, bias)
+    return (_relaxed if relaxed_precision else _exact)(lhs, rhs, bias)
 
 
 def matmul_add_relu_reference(lhs, rhs, bias) -> torch.Tensor:

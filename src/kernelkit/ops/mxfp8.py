@@ -137,9 +137,13 @@ def mxfp8_matmul(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Ten
     M, N = pre["M"], pre["N"]
     TM, TN = _TILE
     return _matmul(inputs=[a_data.view(torch.uint8), a_scales, b_data.view(torch.uint8), b_scales],
-                   template=[("TILEM", TM), ("TILEN", TN)], output_shapes=[(M, N)],
+                   template=_template(), output_shapes=[(M, N)],
                    output_dtypes=[out_dtype], grid=(128 * -(-N // TN), -(-M // TM), 1),
                    threadgroup=(128, 1, 1))[0]
+
+
+def _template() -> list:
+    return [("TILEM", _TILE[0]), ("TILEN", _TILE[1])]
 
 
 def _axis(pre: Preconditions, axis: int, ndim: int) -> int:

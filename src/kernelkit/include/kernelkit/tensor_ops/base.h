@@ -9,6 +9,14 @@
 // (The GPU ignores sites; the path report, KK_TOPS_REPORT, prints their lines on both targets.)
 #define KK_TOPS_SITE(op) {(op), __builtin_FILE(), static_cast<unsigned>(__builtin_LINE())}
 
+// Loops over a cooperative tensor's elements: unrolled on the GPU, where an element indexed by a
+// run-time value puts the whole tensor in local memory (and, next to wgmma, spills).
+#if defined(KK_TARGET_CUDA)
+#define KK_TOPS_UNROLL _Pragma("unroll")
+#else
+#define KK_TOPS_UNROLL
+#endif
+
 #if !defined(KK_TARGET_CUDA)
 #include <stdio.h>  // snprintf (check_scope), printf (KK_TOPS_REPORT)
 #endif

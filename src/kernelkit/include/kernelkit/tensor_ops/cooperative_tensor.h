@@ -94,6 +94,7 @@ struct cooperative_tensor {
   template <class T, class E, class D, class... Tags>
   KK_FN void load(const tensor<T, E, D, Tags...>& t) {
     static_assert(E::rank() == rank, "cooperative_tensor::load: the tensor's rank differs");
+    KK_TOPS_UNROLL
     for (int i = 0; i < capacity; ++i) {
       int c[2];
       Layout::coords(i, c);
@@ -103,6 +104,7 @@ struct cooperative_tensor {
   template <class T, class E, class D, class... Tags>
   KK_FN void store(const tensor<T, E, D, Tags...>& t) const {
     static_assert(E::rank() == rank, "cooperative_tensor::store: the tensor's rank differs");
+    KK_TOPS_UNROLL
     for (int i = 0; i < capacity; ++i) {
       int c[2];
       Layout::coords(i, c);

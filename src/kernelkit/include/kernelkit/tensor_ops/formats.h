@@ -1,6 +1,6 @@
 // kernelkit/tensor_ops/formats.h: the element types a tensor op takes, and how each is read.
 //
-// half, bfloat (MSL's, or CUDA's __half / __nv_bfloat16), float, int8_t / uint8_t, int32_t, and
+// half, bfloat (MSL's, or CUDA's __half / __nv_bfloat16), float, double, int8_t / uint8_t, int32_t, and
 // Apple's 8-bit float formats metal_fp8_e4m3_format (OCP E4M3FN: bias 7, no infinities, S.1111.111
 // is NaN), metal_fp8_e5m2_format (IEEE-like, bias 15) and metal_fp8_ue8m0_format (a power of two,
 // 2^(bits - 127); 0xff is NaN: the MX scale format). A tensor's fourth template argument
@@ -74,11 +74,17 @@ enum class kind { f32, f16, bf16, s8, u8, s32, e4m3, e5m2, other };
 
 template <class T, class = void> struct number {
   static constexpr kind k = is_integer_v<T> ? (sizeof(T) == 4 ? kind::s32 : kind::other) : kind::f32;
-  static_assert(is_integer_v<T> || is_same_v<T, float> || is_same_v<T, double>,
+  static_assert(is_integer_v<T> || is_same_v<T, float>,
                 "tensor ops: unsupported element type (expected half, bfloat, float, int8_t, uint8_t, "
                 "int32_t or a metal_fp8_*_format)");
   KK_FN static float to_float(T v) { return float(v); }
   KK_FN static T from_float(float f) { return T(f); }
+};
+// double: no tensor-core path takes it (kind other); products of two doubles sum in double.
+template <> struct number<double> {
+  static constexpr kind k = kind::other;
+  KK_FN static float to_float(double v) { return float(v); }
+  KK_FN static double from_float(float f) { return double(f); }
 };
 template <> struct number<signed char> {
   static constexpr kind k = kind::s8;
@@ -156,11 +162,13 @@ template <class T> constexpr KK_FN T highest() {
   else return T(3.40282347e38f);
 }
 
-// x as a To: exactly between equal types and between integers, through float otherwise.
+// x as a To: exactly between equal types, between integers and into double, through float otherwise.
 template <class To, class From>
 KK_FN To convert(const From& x) {
   if constexpr (is_same_v<To, remove_const_t<From>>) return x;
   else if constexpr (is_integer_v<To> && is_integer_v<remove_const_t<From>>) return To(x);
+  else if constexpr (is_same_v<To, double> && (is_same_v<remove_const_t<From>, float> || is_integer_v<remove_const_t<From>>))
+    return double(x);
   else return from_float<To>(to_float(x));
 }
 }  // namespace tops

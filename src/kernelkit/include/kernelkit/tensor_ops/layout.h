@@ -8,10 +8,15 @@
 //   input: N x K, i.e. transposed) is cut into blocks of 16 outer x 8 inner. Lane l of a
 //   SIMD-group (g = l / 4, t = l % 4) holds, in each block it owns, the elements
 //   (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): element i of the thread is
-//     e = i % 4, j = i / 4, inner block = j % IB, outer block = (j / IB) * W + w,
+//     e = i % 4, j = i / 4, inner block = j % IB, s = j / IB (the thread's s-th outer block),
+//     outer block = (w / P) * OBW * P + s * P + w % P,
 //     outer = 16 * outer block + g + 8 * (e / 2), inner = 8 * inner block + 2t + e % 2,
-//   with IB = ceil(INNER / 8), w the SIMD-group's index in the scope (simdgroup % W), W the
-//   scope's SIMD-groups: SIMD-groups share the rows out in blocks of 16, round robin.
+//   with IB = ceil(INNER / 8), OBW = ceil(ceil(OUTER / 16) / W) the outer blocks of a SIMD-group,
+//   w the SIMD-group's index in the scope (simdgroup % W), W the scope's SIMD-groups and P = 4
+//   when W is a multiple of 4 (else P = W): the scope's SIMD-groups, in fours (a Hopper
+//   warpgroup), take consecutive bands of rows, and the four of a band share its 16-row blocks
+//   round robin. This is the wgmma accumulator's own layout (one warpgroup a band of rows), so
+//   a destination of execution_simdgroups<4> or <8> is the warpgroup path's registers too.
 //   Elements past OUTER or INNER exist but are not valid (is_valid_element is false).
 //   A row reduction holds, per outer block it owns, rows g and g + 8 (capacity 2 per block; the
 //   four lanes of a quad hold the same rows); a column reduction, per inner block, columns 2t and
@@ -46,10 +51,16 @@ struct layout {
   KK_FN static unsigned lane() { return whole ? 0u : lane_id(); }
   KK_FN static unsigned group() { return W > 1 ? simdgroup_id() % unsigned(W) : 0u; }
 
+  static constexpr int P = W % 4 == 0 ? 4 : (W == 0 ? 1 : W);  // SIMD-groups sharing a band of rows
+  // The outer block of this thread's s-th outer block.
+  KK_FN static int outer_block(int s) {
+    const int w = int(group());
+    return (w / P) * OBW * P + s * P + w % P;
+  }
   // Slot s of this thread's rows (row reductions, and the rows of a destination) and columns.
   KK_FN static int row_of_slot(int s) {
     if constexpr (whole) return s;
-    else return ((s >> 1) * W + int(group())) * 16 + int(lane() >> 2) + 8 * (s & 1);
+    else return outer_block(s >> 1) * 16 + int(lane() >> 2) + 8 * (s & 1);
   }
   KK_FN static int col_of_slot(int s) {
     if constexpr (whole) return s;
@@ -91,9 +102,9 @@ struct layout {
       rs = o, cs = n;
     } else {
       if (o >= 0 && Role != role::column_reduction) {  // a reduction looks at its own coordinate only
-        const int ob = o / 16;
-        if ((o & 7) != int(lane() >> 2) || ob % W != int(group())) return -1;
-        rs = (ob / W) * 2 + ((o & 15) >> 3);
+        const int ob = o / 16, band = ob / (OBW * P), in_band = ob % (OBW * P);
+        if ((o & 7) != int(lane() >> 2) || band * P + in_band % P != int(group())) return -1;
+        rs = (in_band / P) * 2 + ((o & 15) >> 3);
       }
       if (n >= 0 && Role != role::row_reduction) {
         if (((n & 7) >> 1) != int(lane() & 3)) return -1;

@@ -18,9 +18,11 @@ namespace tops {
 
 enum class path { loops, mma_sync };
 
-// Accumulator of a destination element type for these operands: int32 for int8 into integers.
+// Accumulator of a destination element type for these operands: int32 for int8 into integers,
+// double for doubles (the CPU's float64 references and gradchecks), float otherwise.
 template <class LV, class RV, class DV>
-using accumulator_t = conditional_t<is_int8_v<LV> && is_int8_v<RV> && is_integer_v<DV>, int, float>;
+using accumulator_t = conditional_t<is_int8_v<LV> && is_int8_v<RV> && is_integer_v<DV>, int,
+                                    conditional_t<is_same_v<LV, double> && is_same_v<RV, double>, double, float>>;
 
 template <class Layout, class Left, class Right, class Dest>
 KK_FN constexpr path path_of() {
@@ -174,8 +176,10 @@ class matmul2d {
     Acc acc[DL::capacity];
     if constexpr (is_cooperative_v<Dest>) {
       static_assert(is_same_v<typename Dest::layout, DL>, "matmul2d::run: the destination cooperative tensor is not this op's");
+      KK_TOPS_UNROLL
       for (int i = 0; i < DL::capacity; ++i) acc[i] = accumulate ? convert<Acc>(destination.v[i]) : Acc(0);
     } else {
+      KK_TOPS_UNROLL
       for (int i = 0; i < DL::capacity; ++i) {
         int row, col;
         DL::at(i, row, col);
@@ -193,8 +197,10 @@ class matmul2d {
       loops_matmul<Acc, Descriptor, DL, Left, Right>::run(acc, left, right, K, s);
     }
     if constexpr (is_cooperative_v<Dest>) {
+      KK_TOPS_UNROLL
       for (int i = 0; i < DL::capacity; ++i) destination.v[i] = convert<DV>(acc[i]);
     } else {
+      KK_TOPS_UNROLL
       for (int i = 0; i < DL::capacity; ++i) {
         int row, col;
         DL::at(i, row, col);

@@ -34,7 +34,7 @@ KK_FN Acc tensor_value(const Tn& t, int x, int y) {
   const auto& e = t(x, y);
   if constexpr (operand_traits<remove_const_t<Tn>>::scaled) return Acc(to_float(e) * t.plane.scale(x, y));
   else if constexpr (is_integer_v<Acc> && is_integer_v<remove_const_t<remove_cvref_t<decltype(e)>>>) return Acc(e);
-  else return Acc(to_float(e));
+  else return convert<Acc>(e);
 }
 
 // Left operand element (m, k): a left tensor is K x M (extents (K, M)), or M x K transposed.

@@ -66,8 +66,10 @@ KK_FN void reduce(const metal::cooperative_tensor<E, SX, SL>& src, metal::cooper
                 "reduce_rows / reduce_columns: source and destination come from different ops");
   check_scope(SL::simdgroups, s);
   constexpr int slots = Rows ? SL::row_slots : SL::col_slots;
+  KK_TOPS_UNROLL
   for (int r = 0; r < slots; ++r) {
     E part = identity;
+    KK_TOPS_UNROLL
     for (int i = 0; i < SL::capacity; ++i)
       if ((Rows ? SL::row_slot(i) : SL::col_slot(i)) == r && SL::is_valid(i)) part = reduce_op(op, part, src.v[i]);
     if constexpr (!SL::whole) {

@@ -3,9 +3,9 @@
 //   - scope execution_simdgroups<4> (one warpgroup, 3 stages: two threadgroups an SM) or
 //     execution_simdgroups<8> (two warpgroups sharing the tile's B, each m / 2 rows, 4 stages:
 //     a 256 x 128 tile reads 85 FLOP per operand byte from L2 where one warpgroup's 128 x 128
-//     reads 64, and L2 bandwidth is the bound: bench/notes/sm90_wgmma.md); left, right and
-//     destination tensors (not cooperative), no scales plane, m a multiple of 64 per warpgroup
-//     (m <= 256) and n one of 64..256 (multiples of 64);
+//     reads 64, and L2 bandwidth is the bound: bench/notes/sm90_wgmma.md); left and right
+//     tensors, no scales plane, the destination a tensor or the op's destination cooperative
+//     tensor, m a multiple of 64 per warpgroup (m <= 256) and n one of 64..256 (multiples of 64);
 //   - types warpgroup_gemm takes: half x half, bfloat x bfloat, fp8 x fp8 -> float, float x float
 //     -> float with relaxed_precision (tf32), int8 x int8 -> int32;
 //   - at run time: both inputs in device (global) memory, and the launch gave the kernel the
@@ -15,8 +15,9 @@
 // Not in a kernel with dynamic shared memory of its own (a CUDA body's extern __shared__, which
 // would start where the warpgroup's does: codegen defines KK_TOPS_NO_WARPGROUP), nor where the
 // kernel's static shared memory leaves no room (the backend then gives none).
-// The accumulators are warpgroup_gemm's own (its coord layout), loaded from and stored to the
-// destination tensor here: a cooperative destination keeps the mma.sync path and layout.h.
+// The accumulators are warpgroup_gemm's own (its coord layout), loaded from and stored to a
+// destination tensor here; a cooperative destination is those registers (layout.h's layout is
+// warpgroup_gemm's for these scopes and tiles), so an epilogue on it costs no memory trip.
 #pragma once
 
 #if defined(KK_TARGET_CUDA) && !defined(KK_TOPS_NO_WARPGROUP) && __has_include(<kernelkit/tensor_ops/sm90_wgmma.h>)
@@ -42,7 +43,8 @@ template <mpp::tensor_ops::matmul2d_descriptor D, int W, class Left, class Right
 struct warpgroup_matmul {
   using TA = typename cuda_type<typename operand_traits<Left>::value_type>::type;
   using TB = typename cuda_type<typename operand_traits<Right>::value_type>::type;
-  static constexpr bool tensors = metal::is_tensor_v<Left> && metal::is_tensor_v<Right> && metal::is_tensor_v<Dest> &&
+  static constexpr bool tensors = metal::is_tensor_v<Left> && metal::is_tensor_v<Right> &&
+                                  (metal::is_tensor_v<Dest> || is_cooperative_v<Dest>) &&
                                   !operand_traits<Left>::scaled && !operand_traits<Right>::scaled;
   static constexpr bool float_ok = !is_same_v<TA, float> || D.relaxed_precision;  // wgmma's float is tf32
   static constexpr int WG = W == 8 ? 2 : 1;  // warpgroups sharing the tile
@@ -91,32 +93,43 @@ struct warpgroup_matmul {
       const int n_valid = min_int(D.n, int(r.get_extent(tr ? 1 : 0)));
       K = min_int(K, tl ? int(l.get_extent(1)) : int(l.get_extent(0)));
       K = min_int(K, tr ? int(r.get_extent(0)) : int(r.get_extent(1)));
+      using DV = typename operand_traits<Dest>::value_type;
       Acc acc[gemm::acc_per_thread];
+      if constexpr (is_cooperative_v<Dest>) {
+        static_assert(Dest::capacity == gemm::acc_per_thread, "warpgroup path: the cooperative destination is not the op's");
 #pragma unroll
-      for (int i = 0; i < gemm::acc_per_thread; ++i) {
-        int row, col;
-        gemm::coord(i, t, row, col);
-        acc[i] = accumulate ? tensor_value<Acc>(d, col, row) : Acc(0);
+        for (int i = 0; i < gemm::acc_per_thread; ++i) acc[i] = accumulate ? convert<Acc>(d.v[i]) : Acc(0);
+      } else {
+#pragma unroll
+        for (int i = 0; i < gemm::acc_per_thread; ++i) {
+          int row, col;
+          gemm::coord(i, t, row, col);
+          acc[i] = accumulate ? tensor_value<Acc>(d, col, row) : Acc(0);
+        }
       }
       gemm::run(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs, b_cs,
                 m_valid, n_valid, K, accumulate);
-      // Accumulators 2j, 2j + 1 are columns col, col + 1 (col even) of a row: one store of both
-      // where the destination's columns are contiguous and pairs aligned.
-      using DV = typename operand_traits<Dest>::value_type;
-      struct alignas(2 * sizeof(DV)) pair { DV x, y; };
-      const int m_in = min_int(D.m, int(d.get_extent(1))), n_in = min_int(D.n, int(d.get_extent(0)));
-      const bool pairs = d.get_stride(0) == 1 && (d.get_stride(1) & 1) == 0 &&
-                         reinterpret_cast<unsigned long long>(d.data()) % sizeof(pair) == 0;
+      if constexpr (is_cooperative_v<Dest>) {
 #pragma unroll
-      for (int i = 0; i < gemm::acc_per_thread; i += 2) {
-        int row, col;
-        gemm::coord(i, t, row, col);
-        if (row >= m_in) continue;
-        if (pairs && col + 1 < n_in) {
-          *reinterpret_cast<pair*>(&d(col, row)) = pair{convert<DV>(acc[i]), convert<DV>(acc[i + 1])};
-        } else {
-          if (col < n_in) d(col, row) = convert<DV>(acc[i]);
-          if (col + 1 < n_in) d(col + 1, row) = convert<DV>(acc[i + 1]);
+        for (int i = 0; i < gemm::acc_per_thread; ++i) d.v[i] = convert<DV>(acc[i]);
+      } else {
+        // Accumulators 2j, 2j + 1 are columns col, col + 1 (col even) of a row: one store of both
+        // where the destination's columns are contiguous and pairs aligned.
+        struct alignas(2 * sizeof(DV)) pair { DV x, y; };
+        const int m_in = min_int(D.m, int(d.get_extent(1))), n_in = min_int(D.n, int(d.get_extent(0)));
+        const bool pairs = d.get_stride(0) == 1 && (d.get_stride(1) & 1) == 0 &&
+                           reinterpret_cast<unsigned long long>(d.data()) % sizeof(pair) == 0;
+#pragma unroll
+        for (int i = 0; i < gemm::acc_per_thread; i += 2) {
+          int row, col;
+          gemm::coord(i, t, row, col);
+          if (row >= m_in) continue;
+          if (pairs && col + 1 < n_in) {
+            *reinterpret_cast<pair*>(&d(col, row)) = pair{convert<DV>(acc[i]), convert<DV>(acc[i + 1])};
+          } else {
+            if (col < n_in) d(col, row) = convert<DV>(acc[i]);
+            if (col + 1 < n_in) d(col + 1, row) = convert<DV>(acc[i + 1]);
+          }
         }
       }
     }
