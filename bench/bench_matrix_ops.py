@@ -111,7 +111,7 @@ def mxfp8_case(n: int, iters: int, rounds: int) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--fused", nargs="+", default=["bf16:8:2048", "bf16:1:8192", "fp16:8:2048"],
+    p.add_argument("--fused", nargs="*", default=["bf16:8:2048", "bf16:1:8192", "fp16:8:2048"],
                    help="dtype:batch:n cases of matmul_add_relu")
     p.add_argument("--mxfp8", type=int, nargs="*", default=[8192], help="sizes of mxfp8_matmul")
     p.add_argument("--iters", type=int, default=10)

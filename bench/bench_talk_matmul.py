@@ -122,7 +122,7 @@ def sass_counts(binary: bytes) -> dict:
         f.flush()
         sass = subprocess.run([tool, "-sass" if tool.endswith("cuobjdump") else "-c", f.name],
                               capture_output=True, text=True).stdout
-    return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "UTMALDG", "LDGSTS", "STG.E", "STL")}
+    return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "LDGSTS", "STG.E", "STL")}
 
 
 def _compile(job):

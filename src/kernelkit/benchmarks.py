@@ -5,7 +5,8 @@ Four benchmarks, each a function returning a JSON-ready dict:
 - `grid_sample` (GPU; bench/bench_grid_sample.py): the seed's grid_sample forward and VJP
   through `metal_kernel` against the same kernel hand-written in CUDA C++ (through CuPy's
   RawKernel, when CuPy is installed), and the compile times of a fresh process;
-- `ops` (GPU; bench/bench_ops.py): `kernelkit.ops.grid_sample` and `matmul_add_relu` against torch;
+- `ops` (GPU; bench/bench_ops.py): `kernelkit.ops.grid_sample`, `matmul_add_relu`, `mxfp8_matmul` and
+  `flash_attention` against torch;
 - `cpu` (bench/bench_cpu.py): the CPU backend's exp, grid_sample and matmul_add_relu against
   torch, and its compile times;
 - `overhead` (either device; bench/bench_overhead.py): host time per call of a cached kernel;
@@ -42,7 +43,7 @@ Tick = Callable[[str], None]
 GPU_SUITE = ("grid_sample", "ops", "overhead", "debug")
 CPU_SUITE = ("cpu", "overhead", "debug")
 KINDS = ("grid_sample", "ops", "cpu", "overhead", "debug")
-STEPS = {"grid_sample": 8, "ops": 10, "cpu": 11, "overhead": 3, "debug": 3}  # progress ticks of each
+STEPS = {"grid_sample": 8, "ops": 13, "cpu": 11, "overhead": 3, "debug": 3}  # progress ticks of each
 SCRIPTS = {"grid_sample": "bench_grid_sample.py", "ops": "bench_ops.py", "cpu": "bench_cpu.py",
            "overhead": "bench_overhead.py", "debug": "bench_debug.py"}
 # What a speed-up column means, under each table that has one.
@@ -390,8 +391,75 @@ def ops_figures(device: torch.device | None = None, quick: bool = False, tick: T
         batch, n = (2, 1024) if quick else (8, 2048)
     else:
         batch, n = (1, 256) if quick else (2, 512)
+    if cuda:
+        mx, attention = (2048, (2, 8, 1024, 128)) if quick else (8192, (4, 16, 4096, 128))
+    else:
+        mx, attention = (128, (1, 2, 128, 64)) if quick else (256, (1, 4, 256, 64))
     return {"grid_sample": _ops_grid_sample(device, shape, t, tick),
-            "matmul_add_relu": _ops_matmul(device, batch, n, t, tick)}
+            "matmul_add_relu": _ops_matmul(device, batch, n, t, tick),
+            "mxfp8_matmul": _ops_mxfp8(device, mx, t, tick),
+            "flash_attention": _ops_attention(device, attention, t, tick)}
+
+
+def _ops_mxfp8(device, n: int, t, tick: Tick) -> dict:
+    """mxfp8_matmul (bf16 out) beside torch's bf16 matmul of the matrices it quantises and, on a
+    GPU, torch._scaled_mm's fp8 matmul with per-tensor scales."""
+    from .ops import dequantize_mxfp8, mxfp8_matmul, quantize_mxfp8
+
+    tick("ops: mxfp8_matmul")
+    torch.manual_seed(0)
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    (qa, sa), (qb, sb) = quantize_mxfp8(a), quantize_mxfp8(b)
+    err = relative_error(mxfp8_matmul(qa, sa, qb, sb),
+                         dequantize_mxfp8(qa, sa).double() @ dequantize_mxfp8(qb, sb).double().T)
+    assert err < 1e-2, err
+    out = {"m": n, "n": n, "k": n, "out_dtype": "bfloat16", "relative_error": err,
+           "kernelkit_ms": t(lambda: mxfp8_matmul(qa, sa, qb, sb), 10),
+           "torch_bf16_ms": t(lambda: a @ b.T, 10)}
+    if device.type == "cuda":
+        one, a8, b8 = torch.ones((), device=device), a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        out["torch_scaled_mm_ms"] = t(lambda: torch._scaled_mm(a8, b8.T, one, one, out_dtype=torch.bfloat16), 10)
+    for k in [k for k in out if k.endswith("_ms")]:
+        out[k[:-3] + "_tflops"] = 2 * n ** 3 / out[k] / 1e9
+    return out
+
+
+def _ops_attention(device, shape, t, tick: Tick) -> dict:
+    """flash_attention (causal and not; forward, and forward + backward) beside torch's
+    scaled_dot_product_attention (bf16 on a GPU, float32 on the CPU)."""
+    from .ops import flash_attention, flash_attention_reference
+
+    F = torch.nn.functional
+    B, H, S, D = shape
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    cot = torch.randn(shape, device=device, dtype=dtype)
+    out = {"shape": list(shape), "dtype": str(dtype).split(".")[1]}
+    for causal in (False, True):
+        name = "causal" if causal else "full"
+        tick(f"ops: flash_attention {name}")
+        with torch.no_grad():
+            err = relative_error(flash_attention(q, k, v, causal=causal),
+                                 flash_attention_reference(q.double(), k.double(), v.double(), causal=causal))
+        assert err < 2e-2, err
+
+        def ours(bwd=False):
+            o = flash_attention(q, k, v, causal=causal)
+            return torch.autograd.grad(o, (q, k, v), cot) if bwd else o
+
+        def sdpa(bwd=False):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return torch.autograd.grad(o, (q, k, v), cot) if bwd else o
+
+        flop = 4 * B * H * S * S * D / (2 if causal else 1)
+        with torch.no_grad():
+            fwd = {"kernelkit": t(ours, 10), "torch_sdpa": t(sdpa, 10)}
+        both = {"kernelkit": t(lambda: ours(True), 5), "torch_sdpa": t(lambda: sdpa(True), 5)}
+        out[name] = {"relative_error": err, "forward_ms": fwd, "forward_backward_ms": both,
+                     "forward_tflops": {k_: flop / v_ / 1e9 for k_, v_ in fwd.items()},
+                     "forward_backward_tflops": {k_: 3.5 * flop / v_ / 1e9 for k_, v_ in both.items()}}
+    return out
 
 
 def _ops_grid_sample(device, shape, t, tick: Tick) -> dict:
@@ -949,6 +1017,26 @@ def _md_ops(r: dict, path) -> list[str]:
                              f"{_ms(d['kernelkit_ms'])} ({_num(d['kernelkit_tflops'])} TFLOP/s)",
                              f"{_ms(d['torch_ms'])} ({_num(d['torch_tflops'])} TFLOP/s, `relu(baddbmm)`)",
                              _ratio(d["torch_ms"], d["kernelkit_ms"])])
+    x = r.get("mxfp8_matmul")
+    if x:
+        shapes = f"{x['m']}×{x['k']} @ ({x['n']}×{x['k']})ᵀ"
+        rows.append(["mxfp8_matmul, bf16 out", shapes,
+                     f"{_ms(x['kernelkit_ms'])} ({_num(x['kernelkit_tflops'])} TFLOP/s)",
+                     f"{_ms(x['torch_bf16_ms'])} ({_num(x['torch_bf16_tflops'])} TFLOP/s, bf16 `matmul`)",
+                     _ratio(x["torch_bf16_ms"], x["kernelkit_ms"])])
+        if "torch_scaled_mm_ms" in x:
+            rows.append(["", "", "", f"{_ms(x['torch_scaled_mm_ms'])} ({_num(x['torch_scaled_mm_tflops'])} "
+                         "TFLOP/s, `_scaled_mm` fp8 per-tensor)", _ratio(x["torch_scaled_mm_ms"], x["kernelkit_ms"])])
+    a = r.get("flash_attention")
+    if a:
+        shapes = f"{_shape(a['shape'])} {a['dtype']}"
+        for name in ("full", "causal"):
+            for part, label in (("forward", "forward"), ("forward_backward", "forward + backward")):
+                d, f = a[name][part + "_ms"], a[name][part + "_tflops"]
+                rows.append([f"flash_attention {name}, {label}", shapes,
+                             f"{_ms(d['kernelkit'])} ({_num(f['kernelkit'])} TFLOP/s)",
+                             f"{_ms(d['torch_sdpa'])} ({_num(f['torch_sdpa'])} TFLOP/s, SDPA)",
+                             _ratio(d["torch_sdpa"], d["kernelkit"])])
     return lines + _table(["op", "shapes", "kernelkit", "torch", "speed-up"], rows) + [
         "", CPU_SPEED_UP if _on_cpu(r) else SPEED_UP]
 

@@ -1,6 +1,6 @@
 """The `kernelkit` command.
 
-    kernelkit demo    run five example kernels on the best device, check them, time them against torch
+    kernelkit demo    run seven example kernels on the best device, check them, time them against torch
     kernelkit bench   the benchmark suite behind BENCHMARKS.md: JSON, Markdown and charts
     kernelkit doctor  what this machine offers (GPUs, driver, NVRTC, headers, C++ compiler, cache)
     kernelkit cache   show, list or clear the compile cache
@@ -62,19 +62,28 @@ def _on(device):
 def _demo_sizes(device, small: bool) -> dict:
     """The seed's sizes on a GPU; smaller on the CPU; tiny with --small."""
     if small:
-        return dict(n=1 << 16, grid_sample=(1, 64, 64, 64, 32, 32), matmul=(1, 128), repeat=2)
+        return dict(n=1 << 16, grid_sample=(1, 64, 64, 64, 32, 32), matmul=(1, 128), mxfp8=128,
+                    attention=(1, 2, 64, 64), repeat=2)
     if device.type == "cuda":
-        return dict(n=1 << 24, grid_sample=(8, 1024, 1024, 64, 256, 256), matmul=(8, 1024), repeat=20)
+        return dict(n=1 << 24, grid_sample=(8, 1024, 1024, 64, 256, 256), matmul=(8, 1024), mxfp8=8192,
+                    attention=(4, 16, 4096, 128), repeat=20)
     # 1/16 of the seed's x and of its grid; exp over 4M
-    return dict(n=1 << 22, grid_sample=(2, 256, 256, 64, 128, 128), matmul=(2, 512), repeat=5)
+    return dict(n=1 << 22, grid_sample=(2, 256, 256, 64, 128, 128), matmul=(2, 512), mxfp8=256,
+                attention=(1, 4, 256, 64), repeat=5)
+
+
+# A bfloat16 result carries 8 significant bits: its relative error is ~2^-9 at best.
+BF16_TOLERANCE = 1e-2
 
 
 def _demo_cases(device, sizes: dict) -> list[tuple]:
-    """(op, shapes, ours, reference, error, reference's name) for each of the seeds' examples."""
+    """(op, shapes, ours, reference, error, reference's name[, tolerance floor]) for each of the
+    seeds' examples."""
     import torch
 
     from .benchmarks import relative_error
-    from .ops import exp, exp_strided, grid_sample_seed, grid_sample_vjp, matmul_add_relu
+    from .ops import (dequantize_mxfp8, exp, exp_strided, flash_attention, flash_attention_reference,
+                      grid_sample_seed, grid_sample_vjp, matmul_add_relu, mxfp8_matmul, quantize_mxfp8)
     from .ops.grid_sample import grid_sample_reference
 
     torch.manual_seed(0)
@@ -99,6 +108,24 @@ def _demo_cases(device, sizes: dict) -> list[tuple]:
     def matmul_ref():
         return torch.relu(torch.baddbmm(bias, lhs, rhs))
 
+    # MXFP8 operands from bf16 matrices; the reference multiplies the bf16 matrices
+    mx = sizes["mxfp8"]
+    wide = torch.randn(mx, mx, device=device, dtype=torch.bfloat16), torch.randn(mx, mx, device=device, dtype=torch.bfloat16)
+    (qa, sa), (qb, sb) = quantize_mxfp8(wide[0]), quantize_mxfp8(wide[1])
+
+    def mxfp8_error():
+        exact = dequantize_mxfp8(qa, sa).double() @ dequantize_mxfp8(qb, sb).double().T
+        return relative_error(mxfp8_matmul(qa, sa, qb, sb), exact)
+
+    # attention in bf16 on a GPU (float32 on the CPU, which has no bf16 tensor cores to stand in for)
+    aB, aH, aS, aD = sizes["attention"]
+    adt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q, k, v = (torch.randn(aB, aH, aS, aD, device=device, dtype=adt) for _ in range(3))
+
+    def attention_error():
+        return relative_error(flash_attention(q, k, v, causal=True),
+                              flash_attention_reference(q.double(), k.double(), v.double(), causal=True))
+
     return [
         ("exp", f"{n} ({_count(n)})", lambda: exp(a), lambda: torch.exp(a),
          lambda: relative_error(exp(a), torch.exp(a.double())), "torch.exp"),
@@ -116,6 +143,11 @@ def _demo_cases(device, sizes: dict) -> list[tuple]:
          lambda: relative_error(matmul_add_relu(lhs, rhs, bias),
                                 torch.relu(torch.baddbmm(bias.double(), lhs.double(), rhs.double()))),
          "torch.relu(torch.baddbmm)"),
+        ("mxfp8_matmul", f"{mx}x{mx} @ {mx}x{mx}^T, MXFP8 -> bf16", lambda: mxfp8_matmul(qa, sa, qb, sb),
+         lambda: wide[0] @ wide[1].T, mxfp8_error, "torch.matmul of the bf16 matrices", BF16_TOLERANCE),
+        ("flash_attention", f"{aB}x{aH}x{aS}x{aD} {str(adt)[6:]}, causal", lambda: flash_attention(q, k, v, causal=True),
+         lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), attention_error,
+         "F.scaled_dot_product_attention", BF16_TOLERANCE if adt == torch.bfloat16 else None),
     ]
 
 
@@ -136,8 +168,8 @@ def demo(args) -> int:
     sizes = _demo_sizes(device, args.small)
     repeat = args.repeat or sizes["repeat"]
     stat = f"CUDA-event median of {repeat}" if device.type == "cuda" else f"best of {repeat}"
-    print(f"kernelkit demo on {benchmarks.device_name(device)}: float32, times are the {stat} "
-          "after a warm-up call; error is ||out - ref|| / ||ref||", flush=True)
+    print(f"kernelkit demo on {benchmarks.device_name(device)}: float32 unless the shapes say, times are "
+          f"the {stat} after a warm-up call; error is ||out - ref|| / ||ref||", flush=True)
     header = (f"{'op':<19} {'device':<7} {'shapes':<36} {'rel. error':>10} {'ours':>11} "
               f"{'reference':>11} {'speed-up':>9}")
     print(header)
@@ -150,7 +182,7 @@ def demo(args) -> int:
         print(f"could not set up the inputs: {type(e).__name__}: {e}")
         return 1
     dev = str(device)
-    for op, shapes, ours, ref, error, ref_name in cases:
+    for op, shapes, ours, ref, error, ref_name, *floor in cases:
         try:
             with _on(device):  # CUDA events on the device's own stream
                 err = error()
@@ -161,11 +193,12 @@ def demo(args) -> int:
             message = str(e).strip().splitlines()[0] if str(e).strip() else ""
             print(f"{op:<19} {dev:<7} {shapes:<36} FAILED: {type(e).__name__}: {message}", flush=True)
             continue
-        ok = err < args.tolerance
+        tolerance = max(args.tolerance, *floor) if floor and floor[0] else args.tolerance
+        ok = err < tolerance
         failed |= not ok
         plotted.append((op, t_ours, t_ref))
         print(f"{op:<19} {dev:<7} {shapes:<36} {err:>10.1e} {t_ours:>8.3f} ms {t_ref:>8.3f} ms "
-              f"{t_ref / t_ours:>8.2f}x{'' if ok else '  MISMATCH (tolerance %.0e)' % args.tolerance}",
+              f"{t_ref / t_ours:>8.2f}x{'' if ok else '  MISMATCH (tolerance %.0e)' % tolerance}",
               flush=True)
     print("references: " + "; ".join(f"{c[0]}: {c[5]}" for c in cases))
     print("speed-up: the reference's time over kernelkit's" + (
@@ -313,16 +346,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"kernelkit {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,bench,doctor,cache,check}")
 
-    p = sub.add_parser("demo", help="run five example kernels, check them, time them against torch",
-                       description="Run five example kernels (exp, exp of a strided view, grid_sample "
-                       "and its VJP, matmul_add_relu) on the best device present, check each against "
+    p = sub.add_parser("demo", help="run seven example kernels, check them, time them against torch",
+                       description="Run seven example kernels (exp, exp of a strided view, grid_sample "
+                       "and its VJP, matmul_add_relu, mxfp8_matmul, flash_attention) on the best device "
+                       "present, check each against "
                        "torch (relative error ||out - ref|| / ||ref||) and time both. Exits 1 if a "
                        "check fails.")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the GPU if there is one, else the CPU)")
     p.add_argument("--small", action="store_true", help="tiny shapes: a smoke test in seconds")
     p.add_argument("--repeat", type=int, help="timed calls per op (default: 20 on a GPU, 5 on the CPU)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error that passes "
-                   "(default 1e-4)")
+                   "(default 1e-4; at least 1e-2 for bfloat16 results)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the times (ours and the reference's, log "
                    "scale) into FILE.png (needs matplotlib)")
     p.set_defaults(func=demo)

@@ -68,15 +68,23 @@ _MATMUL = """
     auto tB = B.slice(0, tgid.x * TILEN);
     auto tC = C.slice(tgid.x * TILEN, tgid.y * TILEM);
     constexpr auto descriptor = matmul2d_descriptor(TILEM, TILEN, dynamic_length_v<int>, false, true);
-    matmul2d<descriptor, execution_simdgroups<4>> op;
+    matmul2d<descriptor, execution_simdgroups<8>> op;
     op.run(tA, tB, tC);
 """
-_TILE = (64, 64)  # (TILEM, TILEN): a threadgroup of 4 SIMD-groups computes a 64 x 64 tile of C
+# (TILEM, TILEN): a threadgroup of 8 SIMD-groups computes a 128 x 64 tile of C; on Hopper, two
+# warpgroups sharing B's stages, each 64 rows, a 32-element block of K a QGMMA (run_scaled in
+# sm90_wgmma.h): 32 accumulators and twice 32 for the blocks' products a thread (128 x 128
+# spills: 255 registers).
+_TILE = (128, 64)
+_THREADS = 256
 
+# Exact bit work: no flushing of subnormals (a block of float32 subnormals has scale 2^-127 and
+# values that are not zero), no contractions.
+_EXACT = {"math_mode": "safe"}
 _quantize = metal_kernel(name="quantize_mxfp8", input_names=["x", "n", "blocks"],
-                         output_names=["data", "scales"], source=_QUANTIZE, header=_HEADER)
+                         output_names=["data", "scales"], source=_QUANTIZE, header=_HEADER, compile_options=_EXACT)
 _dequantize = metal_kernel(name="dequantize_mxfp8", input_names=["data", "scales", "n", "blocks"],
-                           output_names=["out"], source=_DEQUANTIZE, header=_HEADER)
+                           output_names=["out"], source=_DEQUANTIZE, header=_HEADER, compile_options=_EXACT)
 
 
 def quantize_mxfp8(x: torch.Tensor, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,8 +124,10 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, axis: int = -1,
     return out.movedim(-1, axis)
 
 
+# (subnormal products kept: the scale 2^-127 is a subnormal float)
 _matmul = metal_kernel(name="mxfp8_matmul", input_names=["a", "a_scales", "b", "b_scales"],
-                       output_names=["c"], source=_MATMUL, header=_MATMUL_HEADER)
+                       output_names=["c"], source=_MATMUL, header=_MATMUL_HEADER,
+                       compile_options={"math_mode": "relaxed"})
 
 
 def mxfp8_matmul(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tensor,
@@ -138,8 +148,8 @@ def mxfp8_matmul(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Ten
     TM, TN = _TILE
     return _matmul(inputs=[a_data.view(torch.uint8), a_scales, b_data.view(torch.uint8), b_scales],
                    template=_template(), output_shapes=[(M, N)],
-                   output_dtypes=[out_dtype], grid=(128 * -(-N // TN), -(-M // TM), 1),
-                   threadgroup=(128, 1, 1))[0]
+                   output_dtypes=[out_dtype], grid=(_THREADS * -(-N // TN), -(-M // TM), 1),
+                   threadgroup=(_THREADS, 1, 1))[0]
 
 
 def _template() -> list:

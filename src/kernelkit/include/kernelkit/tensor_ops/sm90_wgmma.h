@@ -14,6 +14,7 @@
 //     __device__ static void run(TAcc (&acc)[acc_per_thread], const TA* A, long a_rs, long a_cs,
 //                                const TB* B, long b_rs, long b_cs, int m_valid, int n_valid,
 //                                int K, bool accumulate);
+//     __device__ static void run_scaled(..., same as run, const block_scales& scales);  // fp8 only
 //   };
 //   }
 //
@@ -41,6 +42,10 @@
 //   in flight, claimed per SM with an atomic and released at the end of run).
 // - A function call anywhere in the kernel (printf, a non-inlined function) makes ptxas
 //   serialise the wgmmas (warning C7510): keep calls out of kernels that use run.
+// - run_scaled: MXFP8, acc (+)= sum over K of A(m, k) sa(m, k / 32) * B(k, n) sb(n, k / 32), the
+//   scales ue8m0 bytes (2^(s - 127); 0 is 2^-127, 255 NaN) of block_scales. Each 32-element block
+//   of K is one wgmma (k32) into a second set of accumulators, added to acc times its two scales
+//   (exact: the scales are powers of two); fp8 types, K-major both.
 // - Types (TA, TB -> TAcc): __half / __half, __nv_bfloat16 / __nv_bfloat16 -> float (HGMMA);
 //   __nv_fp8_e4m3 / __nv_fp8_e5m2 in any pair -> float (QGMMA); float / float -> float as tf32;
 //   signed char / signed char -> int (IGMMA). Specialise wgmma_type<T> to map another type.
@@ -406,6 +411,46 @@ template <class T, int R, bool KMajor, int Threads> struct stager {
 
 }  // namespace detail
 
+// MXFP8 block scales of a scaled run: the scale of A's (m, k) is a[m * a_rs + k / 32], of B's
+// (k, n) b[n * b_rs + k / 32], for k / 32 < blocks (ue8m0 bytes).
+struct block_scales {
+  const unsigned char* a;
+  long a_rs;
+  const unsigned char* b;
+  long b_rs;
+  int blocks;
+};
+
+namespace detail {
+// Scale bytes kb0 .. kb0 + 3 of a row (or column) as one word, byte j for block kb0 + j; 0x7f
+// (a scale of 1) for blocks past `blocks` and for rows past the tile's (their products are zero
+// or never stored), so that 0x00 and 0xff mark only real special scales.
+__device__ __forceinline__ unsigned scale_word(const unsigned char* row, bool valid, int kb0, int blocks, bool words) {
+  if (!valid) return 0x7f7f7f7fu;
+  if (words && kb0 + 4 <= blocks) return __ldg(reinterpret_cast<const unsigned*>(row + kb0));
+  unsigned w = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w |= unsigned(kb0 + j < blocks ? __ldg(row + kb0 + j) : 0x7f) << (8 * j);
+  return w;
+}
+// Whether a word holds a 0x00 or 0xff byte (a scale that is not a normal float's exponent).
+__device__ __forceinline__ bool special_scale(unsigned w) {
+  const unsigned z = (w - 0x01010101u) & ~w, f = (~w - 0x01010101u) & w;
+  return ((z | f) & 0x80808080u) != 0;
+}
+// Byte J of w as the float 2^(byte - 127): its bits are the exponent field (bytes 1..254); Exact
+// also takes 0 (2^-127, subnormal) and 255 (NaN).
+template <int J, bool Exact>
+__device__ __forceinline__ float scale_of(unsigned w) {
+  const unsigned e = J < 3 ? (w << (23 - 8 * J)) & 0x7f800000u : (w >> 1) & 0x7f800000u;
+  if constexpr (!Exact) {
+    return __uint_as_float(e);
+  } else {
+    return e == 0 ? __uint_as_float(0x00400000u) : e == 0x7f800000u ? __uint_as_float(0x7fc00000u) : __uint_as_float(e);
+  }
+}
+}  // namespace detail
+
 template <int BM, int BN, class TA, class TB, class TAcc, int Stages = 3, int Warpgroups = 1>
 struct warpgroup_gemm {
   static constexpr int WG = Warpgroups, threads = 128 * Warpgroups, rows = BM / Warpgroups;
@@ -441,6 +486,13 @@ struct warpgroup_gemm {
     run_as<true, true>(acc, A_, a_rs, a_cs, B_, b_rs, b_cs, m_valid, n_valid, K, accumulate);
   }
 
+  __device__ static void run_scaled(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
+                                    long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate,
+                                    const block_scales& scales) {
+    static_assert(supported && is8, "warpgroup_gemm::run_scaled: fp8 operands (MXFP8) only");
+    run_as<true, true, true>(acc, A_, a_rs, a_cs, B_, b_rs, b_cs, m_valid, n_valid, K, accumulate, &scales);
+  }
+
  private:
   // One K step of MMAs from the stage at a_tile / b_tile (4 wgmmas of 32 bytes of K per 64 rows).
   template <bool KA, bool KB>
@@ -462,9 +514,96 @@ struct warpgroup_gemm {
     for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
   }
 
-  template <bool KA, bool KB>
+  // A scaled stage (run_scaled): its four 32-element blocks of K one at a time, each a wgmma into
+  // tmp (scale-d 0: tmp = A * B), then acc += tmp * sa(row) * sb(column). The scale words are
+  // loaded before the first wgmmas, their latency under them. A warp whose words hold a 0x00 or
+  // 0xff scale converts them exactly; the others take the exponent bits as they are.
+  __device__ static void mma_stage_scaled(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile, int block0,
+                                          const block_scales& sc, int kt, int t, int m_valid, int n_valid) {
+    using namespace detail;
+    constexpr int atoms = rows / 64, cols = BN / 4;  // per thread: 2 rows an atom, 2 columns per 8
+    const int w = (t >> 5) & 3, l = t & 31, kb0 = kt * 4;
+    const bool words = ((sc.a_rs | sc.b_rs) & 3) == 0 &&
+                       ((reinterpret_cast<unsigned long long>(sc.a) | reinterpret_cast<unsigned long long>(sc.b)) & 3) == 0;
+    unsigned ra[2 * atoms], cb[cols];
+    bool special = false;
+#pragma unroll
+    for (int r = 0; r < 2 * atoms; ++r) {
+      const int row = (t >> 7) * rows + (r >> 1) * 64 + w * 16 + (l >> 2) + 8 * (r & 1);
+      ra[r] = scale_word(sc.a + row * sc.a_rs, row < m_valid, kb0, sc.blocks, words);
+      special |= special_scale(ra[r]);
+    }
+#pragma unroll
+    for (int c = 0; c < cols; ++c) {
+      const int col = (c >> 1) * 8 + (l & 3) * 2 + (c & 1);
+      cb[c] = scale_word(sc.b + col * sc.b_rs, col < n_valid, kb0, sc.blocks, words);
+      special |= special_scale(cb[c]);
+    }
+    special = __any_sync(0xffffffffu, special);
+    // Two product buffers: block kk + 1's wgmma runs while block kk's products are scaled.
+    TAcc tmp[2][acc_per_thread];
+    issue_block(tmp[0], a_tile, b_tile, block0, 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk + 1 < 4) {
+        issue_block(tmp[(kk + 1) & 1], a_tile, b_tile, block0, kk + 1);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+#pragma unroll
+      for (int i = 0; i < acc_per_thread; ++i) fence_operand(tmp[kk & 1][i]);
+      if (special) add_scaled<true>(acc, tmp[kk & 1], ra, cb, kk);
+      else add_scaled<false>(acc, tmp[kk & 1], ra, cb, kk);
+    }
+  }
+  // tmp = the products of 32-element block kk of the stage (scale-d 0), committed as one group.
+  __device__ static void issue_block(TAcc (&tmp)[acc_per_thread], unsigned a_tile, unsigned b_tile, int block0, int kk) {
+    using namespace detail;
+#pragma unroll
+    for (int i = 0; i < acc_per_thread; ++i) fence_operand(tmp[i]);
+    wgmma_fence();
+    const unsigned long long db = stager<TB, BN, true, threads>::desc(b_tile, 0, kk);
+#pragma unroll
+    for (int mi = 0; mi < rows / 64; ++mi)
+      mma<BN, A, B, 0, 0>(tmp + mi * (BN / 2), stager<TA, BM, true, threads>::desc(a_tile, block0 + mi, kk), db, 0);
+    wgmma_commit();
+  }
+  template <bool Exact>
+  __device__ static void add_scaled(TAcc (&acc)[acc_per_thread], const TAcc (&tmp)[acc_per_thread],
+                                    const unsigned (&ra)[2 * (rows / 64)], const unsigned (&cb)[BN / 4], int kk) {
+    // (kk is a constant in the unrolled caller: one case survives)
+    if (kk == 0) add_scaled_block<0, Exact>(acc, tmp, ra, cb);
+    else if (kk == 1) add_scaled_block<1, Exact>(acc, tmp, ra, cb);
+    else if (kk == 2) add_scaled_block<2, Exact>(acc, tmp, ra, cb);
+    else add_scaled_block<3, Exact>(acc, tmp, ra, cb);
+  }
+  template <int J, bool Exact>
+  __device__ static void add_scaled_block(TAcc (&acc)[acc_per_thread], const TAcc (&tmp)[acc_per_thread],
+                                          const unsigned (&ra)[2 * (rows / 64)], const unsigned (&cb)[BN / 4]) {
+    using namespace detail;
+    float fa[2 * (rows / 64)];
+#pragma unroll
+    for (int r = 0; r < 2 * (rows / 64); ++r) fa[r] = scale_of<J, true>(ra[r]);
+#pragma unroll
+    for (int c = 0; c < BN / 4; ++c) {
+      const float fb = scale_of<J, Exact>(cb[c]);
+#pragma unroll
+      for (int mi = 0; mi < rows / 64; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // accumulator (mi, j) with j = (c >> 1) * 4 + h * 2 + (c & 1): row half h, column c
+          const int i = mi * (BN / 2) + (c >> 1) * 4 + h * 2 + (c & 1);
+          acc[i] = fmaf(tmp[i] * fa[2 * mi + h], fb, acc[i]);
+        }
+      }
+    }
+  }
+
+  template <bool KA, bool KB, bool Scaled = false>
   __device__ static void run_as(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
-                                long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate) {
+                                long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate,
+                                const block_scales* scales = nullptr) {
     using namespace detail;
     const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     // t: thread in the group of WG warpgroups that shares the tile; block0: this warpgroup's
@@ -541,7 +680,11 @@ struct warpgroup_gemm {
       for (int kt = 0; kt < tiles; ++kt) {
         const int s = kt % Stages;
         mbar_wait(full + 8 * s, (kt / Stages) & 1);
-        mma_stage<KA, KB>(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0);
+        if constexpr (Scaled)
+          mma_stage_scaled(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0, *scales, kt, t,
+                           m_valid, n_valid);
+        else
+          mma_stage<KA, KB>(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0);
         wgmma_wait<1>();  // tile kt - 1's MMAs are done: its stage can be refilled
         if (kt > 0) {
           const int ps = (kt - 1) % Stages, next = kt - 1 + Stages;
@@ -583,7 +726,10 @@ struct warpgroup_gemm {
       fence_proxy_async();
       named_barrier(barrier, threads);   // everyone's have; and every warp finished tile kt - 1's MMAs
       const unsigned a_tile = base + (kt % Stages) * stage_bytes;
-      mma_stage<KA, KB>(acc, a_tile, a_tile + sa.bytes, block0);
+      if constexpr (Scaled)
+        mma_stage_scaled(acc, a_tile, a_tile + sa.bytes, block0, *scales, kt, t, m_valid, n_valid);
+      else
+        mma_stage<KA, KB>(acc, a_tile, a_tile + sa.bytes, block0);
       // While the tensor cores run tile kt, copy tile kt + Stages - 1 into the stage tile kt - 1
       // left (its MMAs finished before the barrier above).
       const int next = kt + Stages - 1;

@@ -4,7 +4,8 @@
 //     execution_simdgroups<8> (two warpgroups sharing the tile's B, each m / 2 rows, 4 stages:
 //     a 256 x 128 tile reads 85 FLOP per operand byte from L2 where one warpgroup's 128 x 128
 //     reads 64, and L2 bandwidth is the bound: bench/notes/sm90_wgmma.md); left and right
-//     tensors, no scales plane, the destination a tensor or the op's destination cooperative
+//     tensors (with scales planes only as MXFP8: fp8 both, 32 x 1 blocks along K, K-major both,
+//     slices starting on a block), the destination a tensor or the op's destination cooperative
 //     tensor, m a multiple of 64 per warpgroup (m <= 256) and n one of 64..256 (multiples of 64);
 //   - types warpgroup_gemm takes: half x half, bfloat x bfloat, fp8 x fp8 -> float, float x float
 //     -> float with relaxed_precision (tf32), int8 x int8 -> int32;
@@ -43,9 +44,22 @@ template <mpp::tensor_ops::matmul2d_descriptor D, int W, class Left, class Right
 struct warpgroup_matmul {
   using TA = typename cuda_type<typename operand_traits<Left>::value_type>::type;
   using TB = typename cuda_type<typename operand_traits<Right>::value_type>::type;
+  // MXFP8: both inputs fp8 with scales planes of 32 x 1 blocks along K, K-major (A not
+  // transposed, B transposed: the talk's tensor_blockwise<..., 32, 1> operands); run_scaled.
+  template <class T> static constexpr bool mx_plane() {
+    if constexpr (metal::is_tensor_v<T> && operand_traits<T>::scaled) {
+      using P = typename remove_const_t<T>::plane_type;
+      return P::block0 == 32 && P::block1 == 1;
+    } else {
+      return false;
+    }
+  }
+  static constexpr bool scaled = operand_traits<Left>::scaled || operand_traits<Right>::scaled;
+  static constexpr bool mx = mx_plane<Left>() && mx_plane<Right>() && !D.transpose_left && D.transpose_right &&
+                             is_fp8(kind_of<typename operand_traits<Left>::value_type>) &&
+                             is_fp8(kind_of<typename operand_traits<Right>::value_type>);
   static constexpr bool tensors = metal::is_tensor_v<Left> && metal::is_tensor_v<Right> &&
-                                  (metal::is_tensor_v<Dest> || is_cooperative_v<Dest>) &&
-                                  !operand_traits<Left>::scaled && !operand_traits<Right>::scaled;
+                                  (metal::is_tensor_v<Dest> || is_cooperative_v<Dest>) && (!scaled || mx);
   static constexpr bool float_ok = !is_same_v<TA, float> || D.relaxed_precision;  // wgmma's float is tf32
   static constexpr int WG = W == 8 ? 2 : 1;  // warpgroups sharing the tile
   static constexpr bool shape_ok = (W == 4 || W == 8) && D.m > 0 && D.m % (64 * WG) == 0 && D.n > 0 && D.n % 64 == 0 &&
@@ -76,7 +90,10 @@ struct warpgroup_matmul {
       unsigned smem;
       asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
       const unsigned group = unsigned(linear_thread() / gemm::threads);
-      return smem >= (group + 1) * unsigned(gemm::smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr);
+      bool blocks_aligned = true;  // a scaled slice starts on a block of K
+      if constexpr (mx) blocks_aligned = l.plane.origin0 % 32 == 0 && r.plane.origin0 % 32 == 0;
+      return smem >= (group + 1) * unsigned(gemm::smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr) &&
+             blocks_aligned;
     }
   }
 
@@ -107,8 +124,18 @@ struct warpgroup_matmul {
           acc[i] = accumulate ? tensor_value<Acc>(d, col, row) : Acc(0);
         }
       }
-      gemm::run(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs, b_cs,
-                m_valid, n_valid, K, accumulate);
+      if constexpr (mx) {
+        // A is (K, M) sliced at (origin0, origin1), its scales row-major (M, row_blocks); B likewise (K, N)
+        const auto &pa = l.plane, &pb = r.plane;
+        const sm90::block_scales scales{pa.scales + long(pa.origin1) * pa.row_blocks + pa.origin0 / 32, pa.row_blocks,
+                                        pb.scales + long(pb.origin1) * pb.row_blocks + pb.origin0 / 32, pb.row_blocks,
+                                        (K + 31) / 32};
+        gemm::run_scaled(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs,
+                         b_cs, m_valid, n_valid, K, accumulate, scales);
+      } else {
+        gemm::run(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs, b_cs,
+                  m_valid, n_valid, K, accumulate);
+      }
       if constexpr (is_cooperative_v<Dest>) {
 #pragma unroll
         for (int i = 0; i < gemm::acc_per_thread; ++i) d.v[i] = convert<DV>(acc[i]);
