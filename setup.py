@@ -6,7 +6,8 @@ The extension is optional: where the build has no C++ compiler or no Python head
 holds none and kernelkit builds it on first use at run time, else takes the pure-Python path
 (kernelkit/fastcall.py). Editable installs skip it on purpose, so that an edit to fastcall.cpp
 is never shadowed by a stale build in the source tree: there fastcall.py builds it on first
-use, keyed by the file's content.
+use, keyed by the file's content. Its companion fastcall_torch.cpp is package data, never built
+here: it is bound to the installed torch's C++ ABI, so kernelkit builds it at run time.
 """
 
 from pathlib import Path

@@ -14,6 +14,25 @@ def _fastcall_built():
     """Plans wait for the extension (built in the background on first use): have it now."""
     fastcall.module()
 
+
+@pytest.fixture(params=["fastcall_torch", "torch's Python methods"])
+def lent(request):
+    """The extension with fastcall_torch lent (tensors read, outputs allocated in C++), and
+    without it (through torch's Python methods, as before it is built)."""
+    module, helper = fastcall.module(), fastcall.torch_helper()
+    if isinstance(module, str):
+        pytest.skip(f"no extension here: {module}")
+    if request.param == "fastcall_torch":
+        assert not isinstance(helper, str), helper
+        yield module
+        return
+    module.set_torch()
+    try:
+        yield module
+    finally:
+        if not isinstance(helper, str):
+            module.set_torch(*fastcall.addresses(helper))
+
 ADD = "uint i = thread_position_in_grid.x; out[i] = static_cast<T>(inp[i] * s + b);"
 
 
@@ -29,7 +48,7 @@ def _call(k, x, s=2.0, b=1, shape=None, dtype=torch.float32, **kw):
              template=[("T", dtype)], **kw)[0]
 
 
-def test_repeated_calls_take_the_fast_path_with_fresh_data(device):
+def test_repeated_calls_take_the_fast_path_with_fresh_data(device, lent):
     k = _kernel()
     for n in (100, 100, 100, 37):
         x = torch.randn(n, device=device)
@@ -39,7 +58,7 @@ def test_repeated_calls_take_the_fast_path_with_fresh_data(device):
     assert len(k._plans) == 1  # a plan for the grid that came again
 
 
-def test_repeated_output_shapes_are_fresh_contiguous_tensors(device):
+def test_repeated_output_shapes_are_fresh_contiguous_tensors(device, lent):
     k = _kernel()
     for shape in [(4, 8), (4, 8), (2, 16), (4, 8), (32,), (1, 32)]:
         x = torch.randn(32, device=device)
@@ -77,7 +96,7 @@ def test_template_values_one_and_true_are_different_plans(device):
 
 @pytest.mark.parametrize("shape,error", [((-1,), ValueError), ((2.5,), ValueError), ([8], None),
                                          (8, ValueError)])
-def test_output_shapes_after_a_plan_are_checked_as_before(device, shape, error):
+def test_output_shapes_after_a_plan_are_checked_as_before(device, shape, error, lent):
     k = _kernel()
     x = torch.randn(8, device=device)
     _call(k, x), _call(k, x)
@@ -173,14 +192,13 @@ def test_the_compiled_cuda_launcher_builds_here():
 
 
 @pytest.mark.parametrize("uses", [set(), {"a_shape", "a_strides", "a_ndim", "b_ndim"}])
-def test_the_compiled_launcher_packs_as_the_python_packer(uses):
+def test_the_compiled_launcher_packs_as_the_python_packer(uses, lent):
     """fastcall.cpp fills the argument block from signature.fill_table(); it must give the
     bytes signature.packer() gives, for pointers, Python scalars, shapes, strides and ndim."""
     from kernelkit.arrays import dtype_of
     from kernelkit.signature import InputSpec, Signature
 
-    module = fastcall.module()
-    assert not isinstance(module, str), module
+    module = lent
     f32, i32, f16, b = (dtype_of(n) for n in ("float32", "int32", "float16", "bool"))
     sig = Signature([("a", InputSpec(f16, False, False, 8)), ("s", InputSpec(f32, True, True, 0)),
                      ("b", InputSpec(f32, False, False, 8)), ("n", InputSpec(i32, True, True, 0)),
@@ -221,14 +239,15 @@ def test_python_ints_beyond_int32_are_refused(device):
             k(inputs=[x, 2**31], **kw)
 
 
-def test_the_compiled_plan_key_is_the_python_one():
-    module = fastcall.module()
-    assert not isinstance(module, str), module
+def test_the_compiled_plan_key_is_the_python_one(lent):
+    module = lent
     x, h = torch.randn(2, 3), torch.randn(4, 4).half().t()
+    g = torch.randn(3, requires_grad=True)
     cases = [
         ([x, 1.0, 2, True], [torch.float32], (8, 1, 1), (8, 1, 1), None),
         ((h, x[0]), ("float16", np.float32), (8, 2, 1), (4, 2, 1), [("T", torch.float16), ["n", 1]]),
         ([x], [torch.float32], (8, 1, 1), (8, 1, 1), (("b", True),)),
+        ([g, x.to(torch.int64), torch.randn(()), x[:, :0]], [torch.float32], (8, 1, 1), (8, 1, 1), None),
         ([torch.nn.Parameter(x), np.ones(3)], [torch.float32], (1, 1, 1), (1, 1, 1), None),
         ([x], [torch.float32], [8, 1, 1], (8, 1, 1), None),  # a list grid: no key
         ([x], [torch.float32], (8, 1, 1), (8, 1, 1), {"T": 1}),  # a dict template: no key
@@ -296,3 +315,110 @@ def test_a_plan_refuses_too_few_inputs_or_outputs():
     with pytest.raises(TypeError, match="bad arguments"):  # a prepare entry per prototype
         module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, (), lambda err: None,
                          torch.empty_like)
+
+
+def test_every_output_empty_after_a_plan_runs_no_kernel(device, lent, monkeypatch):
+    """A plan is made for a grid, not for shapes: a call with that grid whose outputs are all
+    empty must take the general path (outputs made, no kernel), never launch into them."""
+    k = _kernel()
+    x = torch.randn(64, device=device)
+    _call(k, x), _call(k, x)
+    assert k._plans
+    general = kernel.Kernel._call
+    taken = []
+    monkeypatch.setattr(kernel.Kernel, "_call", lambda *a, **kw: taken.append(1) or general(*a, **kw))
+    for shape in [(0,), (4, 0), torch.Size([0, 3])]:
+        out = _call(k, x, shape=shape)
+        assert out.shape == shape and out.device.type == device.type
+    assert len(taken) == 3
+    torch.testing.assert_close(_call(k, x), x * 2 + 1)  # the plan still runs
+    assert len(taken) == 3
+
+
+def test_numpy_integer_shapes_after_a_plan(device, lent):
+    """Shapes of other ints than Python's take the general path, which converts them."""
+    k = _kernel()
+    x = torch.randn(32, device=device)
+    _call(k, x), _call(k, x)
+    for shape in [(np.int64(4), 8), (np.int32(32),), (torch.tensor(2), 16)]:
+        out = _call(k, x, shape=shape)
+        assert out.shape == tuple(int(s) for s in shape)
+        torch.testing.assert_close(out.reshape(-1), x * 2 + 1)
+
+
+def _helper_function(name, restype, *argtypes):
+    """One of fastcall_torch's functions through ctypes, holding the GIL as fastcall.cpp does
+    (PYFUNCTYPE: an exception the function sets is raised)."""
+    import ctypes
+    helper = fastcall.torch_helper()
+    if isinstance(helper, str):
+        pytest.fail(f"fastcall_torch did not build: {helper}")
+    return ctypes.PYFUNCTYPE(restype, *argtypes)(ctypes.cast(getattr(helper, name), ctypes.c_void_p).value)
+
+
+def test_fastcall_torch_builds_here_and_is_lent():
+    """CI has no GPU, but proves fastcall_torch.cpp compiles against the installed torch (CPU-only
+    there), loads and is lent to the extension: repeated calls then read tensors in C++."""
+    helper = fastcall.torch_helper()
+    assert not isinstance(helper, str), helper
+    x = torch.randn(2, 3)
+    assert fastcall.module().key([x], [torch.float32], (8, 1, 1), (8, 1, 1), None)[4] == \
+        (torch.float32, torch.device("cpu"), 2, True, False)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (32,), (2, 3, 4)])
+def test_fastcall_torch_allocates_as_torch_empty(device, shape):
+    import ctypes
+    empty = _helper_function("kk_empty", ctypes.py_object, ctypes.py_object,
+                             ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)
+    for dtype in (torch.float32, torch.bfloat16, torch.int8, torch.bool):
+        proto = torch.empty((), dtype=dtype, device=device)
+        out = empty(proto, (ctypes.c_int64 * max(len(shape), 1))(*shape), len(shape))
+        reference = torch.empty(shape, dtype=dtype, device=device)
+        assert type(out) is torch.Tensor and not out.requires_grad
+        assert (out.shape, out.stride(), out.dtype, out.device) == \
+            (reference.shape, reference.stride(), dtype, reference.device)
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        empty(3, (ctypes.c_int64 * 1)(1), 1)
+
+
+def test_fastcall_torch_allocates_through_torch_where_more_takes_part(device):
+    """Deterministic fill of new memory and a TorchDispatchMode see fastcall_torch's outputs,
+    as they see torch.empty's (it leaves the dispatcher out only where nothing else takes part)."""
+    import ctypes
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    empty = _helper_function("kk_empty", ctypes.py_object, ctypes.py_object,
+                             ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)
+    proto, shape = torch.empty((), device=device), (ctypes.c_int64 * 1)(64)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert empty(proto, shape, 1).isnan().all()
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+    class Seen(TorchDispatchMode):
+        ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with Seen():
+        assert empty(proto, shape, 1).shape == (64,)
+    assert Seen.ops == ["aten.empty.memory_format"]
+
+
+def test_fastcall_torch_reads_a_view_as_torch_does(device):
+    import ctypes
+    view = _helper_function("kk_view", ctypes.c_int64, ctypes.py_object, ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
+                            ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)))
+    t = torch.randn(4, 5, 6, device=device).transpose(0, 2)[1:]
+    data, sizes, strides = ctypes.c_void_p(), ctypes.POINTER(ctypes.c_int64)(), ctypes.POINTER(ctypes.c_int64)()
+    assert view(t, ctypes.byref(data), ctypes.byref(sizes), ctypes.byref(strides)) == 3
+    assert data.value == t.data_ptr()
+    assert (sizes[0], sizes[1], sizes[2]) == t.shape and (strides[0], strides[1], strides[2]) == t.stride()
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        view(np.ones(3), ctypes.byref(data), ctypes.byref(sizes), ctypes.byref(strides))
+

@@ -5,7 +5,10 @@
 // cuLaunchKernel on torch's current stream. Python and cuda-bindings take ~2x the host time for
 // the same steps. The driver's entry points come from cuda-bindings' cuGetProcAddress
 // (set_driver), so this file links nothing and includes no CUDA header: the typedefs below are
-// the driver API's stable C ABI.
+// the driver API's stable C ABI. It includes no torch header either (a wheel carries it built,
+// whatever torch is installed): tensors are read and outputs allocated through torch's Python
+// methods until fastcall_torch.cpp, built against the installed torch, lends the same steps in
+// C++ (set_torch), which halves a repeated call's host time.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -97,6 +100,39 @@ PyObject* launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* tensor_type = nullptr;  // torch.Tensor
 
+// fastcall_torch.cpp's functions (their comments are there); null: torch's Python methods. A
+// call reads the pointer once (a Python callback within it may run set_torch), and what it
+// pointed to stays: a call in progress may hold it.
+struct Torch {
+  PyObject* (*fingerprint)(PyObject* tensor);
+  int64_t (*view)(PyObject* tensor, void** data, const int64_t** sizes, const int64_t** strides);
+  PyObject* (*empty)(PyObject* prototype, const int64_t* sizes, int64_t ndim);
+};
+const Torch* lent_torch = nullptr;
+
+// set_torch(fingerprint, view, empty): the addresses of fastcall_torch.cpp's functions;
+// set_torch(): none (the Python methods again).
+PyObject* set_torch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs == 0) {
+    lent_torch = nullptr;
+    Py_RETURN_NONE;
+  }
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "set_torch expects 3 function addresses, or none");
+    return nullptr;
+  }
+  Torch api{reinterpret_cast<decltype(Torch::fingerprint)>(as_pointer(args[0])),
+            reinterpret_cast<decltype(Torch::view)>(as_pointer(args[1])),
+            reinterpret_cast<decltype(Torch::empty)>(as_pointer(args[2]))};
+  if (PyErr_Occurred()) return nullptr;
+  if (!api.fingerprint || !api.view || !api.empty) {
+    PyErr_SetString(PyExc_ValueError, "set_torch: a null function address");
+    return nullptr;
+  }
+  lent_torch = new Torch(api);  // never freed (see above); set once per process
+  Py_RETURN_NONE;
+}
+
 // set_tensor_type(torch.Tensor)
 PyObject* set_tensor_type(PyObject*, PyObject* arg) {
   Py_XSETREF(tensor_type, Py_NewRef(arg));
@@ -134,7 +170,6 @@ struct Plan {
 
 PyObject* str_new_empty = nullptr;
 PyObject* str_expand = nullptr;
-PyObject* str_numel = nullptr;
 PyObject* str_data_ptr = nullptr;
 PyObject* str_stride = nullptr;
 PyObject* str_shape = nullptr;
@@ -234,9 +269,40 @@ bool store_dims(PyObject* tensor, bool strides, int capacity, char* dst) {
   return !PyErr_Occurred();
 }
 
-bool fill_field(const Field& f, PyObject* inputs, PyObject* outputs, char* block) {
+// The same from dims read in C++.
+template <class T>
+void copy_dims(const int64_t* dims, int64_t n, int capacity, char* dst) {
+  for (int i = 0; i < capacity; ++i) {
+    T v = i < n ? static_cast<T>(dims[i]) : 0;
+    std::memcpy(dst + i * sizeof(T), &v, sizeof(T));
+  }
+}
+
+// A tensor field (pointer, shape, strides, ndim) through fastcall_torch.cpp.
+bool fill_tensor_field(const Torch* api, const Field& f, PyObject* t, char* dst) {
+  void* data;
+  const int64_t *sizes, *strides;
+  int64_t ndim = api->view(t, &data, &sizes, &strides);
+  if (ndim < 0) return false;
+  int32_t i = static_cast<int32_t>(ndim);
+  switch (f.kind) {
+    case INPUT_POINTER:
+    case OUTPUT_POINTER: std::memcpy(dst, &data, 8); break;
+    case SHAPE: copy_dims<int32_t>(sizes, ndim, f.capacity, dst); break;
+    case STRIDES: copy_dims<int64_t>(strides, ndim, f.capacity, dst); break;
+    default: std::memcpy(dst, &i, 4);  // NDIM
+  }
+  return true;
+}
+
+bool fill_field(const Torch* api, const Field& f, PyObject* inputs, PyObject* outputs, char* block) {
   char* dst = block + f.offset;
   long long v = 0;
+  if (api != nullptr && f.kind != BOOL_VALUE && f.kind != INT_VALUE && f.kind != FLOAT_VALUE) {
+    PyObject* t = f.kind == OUTPUT_POINTER ? PyList_GET_ITEM(outputs, f.index)
+                                           : PySequence_Fast_GET_ITEM(inputs, f.index);
+    return fill_tensor_field(api, f, t, dst);
+  }
   switch (f.kind) {
     case INPUT_POINTER:
     case OUTPUT_POINTER: {
@@ -285,14 +351,15 @@ bool fill_field(const Field& f, PyObject* inputs, PyObject* outputs, char* block
 }
 
 // The plan's argument block filled from these inputs (a fast sequence) and outputs (a list).
-bool pack_block(const Plan* plan, PyObject* inputs, PyObject* outputs, std::vector<char>& block) {
+bool pack_block(const Torch* api, const Plan* plan, PyObject* inputs, PyObject* outputs,
+                std::vector<char>& block) {
   if (PySequence_Fast_GET_SIZE(inputs) < plan->n_inputs || PyList_GET_SIZE(outputs) < plan->n_outputs) {
     PyErr_SetString(PyExc_ValueError, "kernelkit plan: fewer inputs or outputs than the kernel's");
     return false;
   }
   block = plan->block;
   for (const Field& f : plan->fields)
-    if (!fill_field(f, inputs, outputs, block.data())) return false;
+    if (!fill_field(api, f, inputs, outputs, block.data())) return false;
   return true;
 }
 
@@ -307,15 +374,15 @@ PyObject* pack(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* inputs = PySequence_Fast(args[1], "inputs");
   if (inputs == nullptr) return nullptr;
   std::vector<char> block;
-  bool ok = pack_block(plan, inputs, args[2], block);
+  bool ok = pack_block(lent_torch, plan, inputs, args[2], block);
   Py_DECREF(inputs);
   return ok ? PyBytes_FromStringAndSize(block.data(), static_cast<Py_ssize_t>(block.size())) : nullptr;
 }
 
 PyObject* run_plan(Plan* plan, PyObject* inputs, PyObject* shapes);
 
-// run(plan, inputs, output_shapes) -> the outputs (a list), or None where a shape needs the
-// general path's checks (not a tuple / torch.Size, or torch rejects it).
+// run(plan, inputs, output_shapes) -> the outputs (a list), or None where the shapes need the
+// general path (see read_shape), or every output is empty (no kernel runs).
 PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "run expects (plan, inputs, output_shapes)");
@@ -325,14 +392,70 @@ PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return plan ? run_plan(plan, args[1], args[2]) : nullptr;
 }
 
+// An output shape's dims, where it is a tuple or torch.Size of non-negative Python ints; false,
+// with no error set, for anything else: the general path converts it (NumPy integers) or says
+// what is wrong.
+bool read_shape(const Plan* plan, PyObject* shape, std::vector<int64_t>& dims) {
+  if (!PyTuple_CheckExact(shape) && Py_TYPE(shape) != reinterpret_cast<PyTypeObject*>(plan->shape_type))
+    return false;
+  Py_ssize_t n = PyTuple_GET_SIZE(shape);  // torch.Size is a tuple
+  dims.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* d = PyTuple_GET_ITEM(shape, i);
+    int overflow = 0;
+    dims[i] = PyLong_CheckExact(d) ? PyLong_AsLongLongAndOverflow(d, &overflow) : -1;
+    if (overflow || dims[i] < 0) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+// A new output through torch's Python methods (without fastcall_torch.cpp): empty_like of the
+// prototype expanded to the shape, kept from the last call, when the shape is that call's
+// (torch's quickest allocation from Python, ~1 us less than new_empty); else new_empty.
+PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const std::vector<int64_t>& dims) {
+  // Strong references: torch releases the GIL, and another thread's call may replace them.
+  PyObject* last = Py_XNewRef(plan->last_shape[i]);
+  PyObject* cached = Py_XNewRef(plan->shaped[i]);
+  int same = last ? PyObject_RichCompareBool(shape, last, Py_EQ) : 0;
+  PyObject* out = same > 0 ? PyObject_CallOneArg(plan->empty_like, cached) : nullptr;
+  Py_XDECREF(last);
+  Py_XDECREF(cached);
+  if (same != 0) return out;
+  out = PyObject_CallMethodOneArg(plan->prototypes[i], str_new_empty, shape);
+  // A stride-0 view of 2+ elements is not dense, so empty_like gives it contiguous strides (of 0
+  // or 1 element it would keep the view's zero strides: not worth caching).
+  int64_t numel = 1;
+  for (int64_t d : dims) numel *= d;
+  if (out == nullptr || numel < 2) return out;
+  PyObject* shaped = PyObject_CallMethodOneArg(plan->prototypes[i], str_expand, shape);
+  if (shaped == nullptr) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  Py_XSETREF(plan->last_shape[i], Py_NewRef(shape));
+  Py_XSETREF(plan->shaped[i], shaped);
+  return out;
+}
+
 PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
   if (launch_kernel == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "kernelkit's CUDA launcher has no driver entry points");
     return nullptr;
   }
+  const Torch* api = lent_torch;
   Py_ssize_t n = static_cast<Py_ssize_t>(plan->prototypes.size());
   if (!(PyList_CheckExact(shapes) || PyTuple_CheckExact(shapes)) || PySequence_Fast_GET_SIZE(shapes) != n)
     Py_RETURN_NONE;
+  std::vector<int64_t> dims;
+  bool all_empty = n > 0;  // then the general path makes the outputs and runs no kernel
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!read_shape(plan, PySequence_Fast_GET_ITEM(shapes, i), dims)) Py_RETURN_NONE;
+    all_empty = all_empty && std::find(dims.begin(), dims.end(), 0) != dims.end();
+  }
+  if (all_empty) Py_RETURN_NONE;
   PyObject* inputs = PySequence_Fast(inputs_arg, "inputs");
   if (inputs == nullptr) return nullptr;
   PyObject* outputs = PyList_New(n);
@@ -342,45 +465,10 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* shape = PySequence_Fast_GET_ITEM(shapes, i);
-    PyObject* out = nullptr;
-    if (PyTuple_CheckExact(shape) || Py_TYPE(shape) == reinterpret_cast<PyTypeObject*>(plan->shape_type)) {
-      // Strong references: torch releases the GIL, and another thread's call may replace them.
-      PyObject* last = Py_XNewRef(plan->last_shape[i]);
-      PyObject* cached = Py_XNewRef(plan->shaped[i]);
-      int same = last ? PyObject_RichCompareBool(shape, last, Py_EQ) : 0;
-      if (same > 0) out = PyObject_CallOneArg(plan->empty_like, cached);
-      Py_XDECREF(last);
-      Py_XDECREF(cached);
-      if (same < 0 || (same > 0 && out == nullptr)) goto fail;
-      if (!same) {
-        out = PyObject_CallMethodOneArg(plan->prototypes[i], str_new_empty, shape);
-        if (out == nullptr && (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_RuntimeError)))
-          PyErr_Clear();  // negative or non-int sizes: the general path says what is wrong
-        else if (out == nullptr)
-          goto fail;
-        // A stride-0 view of 2+ elements is not dense, so empty_like gives it contiguous strides
-        // (of 0 or 1 element it would keep the view's zero strides: not worth caching).
-        long long numel = 0;
-        if (out != nullptr && !call_int(out, str_numel, &numel)) {
-          Py_DECREF(out);
-          goto fail;
-        }
-        PyObject* shaped = numel > 1 ? PyObject_CallMethodOneArg(plan->prototypes[i], str_expand, shape) : nullptr;
-        if (numel > 1 && shaped == nullptr) {
-          Py_DECREF(out);
-          goto fail;
-        }
-        if (shaped != nullptr) {
-          Py_XSETREF(plan->last_shape[i], Py_NewRef(shape));
-          Py_XSETREF(plan->shaped[i], shaped);
-        }
-      }
-    }
-    if (out == nullptr) {
-      Py_DECREF(outputs);
-      Py_DECREF(inputs);
-      Py_RETURN_NONE;
-    }
+    read_shape(plan, shape, dims);  // true: checked above
+    PyObject* out = api ? api->empty(plan->prototypes[i], dims.data(), static_cast<int64_t>(dims.size()))
+                        : new_output(plan, i, shape, dims);
+    if (out == nullptr) goto fail;
     PyList_SET_ITEM(outputs, i, out);
     PyObject* prepare = PyTuple_GET_ITEM(plan->prepare, i);
     if (prepare != Py_None) {
@@ -391,7 +479,7 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
   }
   {
     std::vector<char> block;
-    if (!pack_block(plan, inputs, outputs, block)) {
+    if (!pack_block(api, plan, inputs, outputs, block)) {
       if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
       PyErr_Clear();  // a Python int beyond int32: the general path says so
       Py_DECREF(outputs);
@@ -429,9 +517,10 @@ PyObject* str_is_contiguous = nullptr;
 PyObject* str_requires_grad = nullptr;
 
 // (dtype, device, dim(), is_contiguous(), requires_grad) of a tensor; the type of anything else.
-PyObject* fingerprint(PyObject* x) {
+PyObject* fingerprint(const Torch* api, PyObject* x) {
   if (Py_TYPE(x) != reinterpret_cast<PyTypeObject*>(tensor_type))
     return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(x)));
+  if (api != nullptr) return api->fingerprint(x);
   PyObject* fp = PyTuple_New(5);
   if (fp == nullptr) return nullptr;
   PyObject* items[5] = {PyObject_GetAttr(x, str_dtype), PyObject_GetAttr(x, str_device),
@@ -507,6 +596,7 @@ PyObject* plan_key(PyObject* inputs, PyObject* dtypes, PyObject* grid, PyObject*
     return nullptr;
   PyObject* tkey = template_key(templ);
   if (tkey == nullptr) return nullptr;
+  const Torch* api = lent_torch;
   Py_ssize_t n_in = PySequence_Fast_GET_SIZE(inputs), n_out = PySequence_Fast_GET_SIZE(dtypes);
   PyObject* key = PyTuple_New(4 + n_in + n_out);
   PyObject* count = PyLong_FromSsize_t(n_in);
@@ -528,7 +618,7 @@ PyObject* plan_key(PyObject* inputs, PyObject* dtypes, PyObject* grid, PyObject*
   PyTuple_SET_ITEM(key, 0, gkey);
   PyTuple_SET_ITEM(key, 1, tgkey);
   for (Py_ssize_t i = 0; i < n_in; ++i) {
-    PyObject* fp = fingerprint(PySequence_Fast_GET_ITEM(inputs, i));
+    PyObject* fp = fingerprint(api, PySequence_Fast_GET_ITEM(inputs, i));
     if (fp == nullptr) {
       Py_DECREF(key);
       return nullptr;
@@ -601,6 +691,8 @@ PyMethodDef methods[] = {
      "Run the plan of a repeated call; else return its key (or None)."},
     {"set_driver", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_driver)),
      METH_FASTCALL, "Set the driver entry points (addresses from cuGetProcAddress)."},
+    {"set_torch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_torch)),
+     METH_FASTCALL, "Lend fastcall_torch.cpp's functions (their addresses), or none."},
     {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch)), METH_FASTCALL,
      "Launch a kernel with its packed argument block; returns the CUresult."},
     {"make_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_plan)),
@@ -623,7 +715,6 @@ extern "C" PyMODINIT_FUNC PyInit__fastcall() {
   str_requires_grad = PyUnicode_InternFromString("requires_grad");
   str_new_empty = PyUnicode_InternFromString("new_empty");
   str_expand = PyUnicode_InternFromString("expand");
-  str_numel = PyUnicode_InternFromString("numel");
   str_data_ptr = PyUnicode_InternFromString("data_ptr");
   str_stride = PyUnicode_InternFromString("stride");
   str_shape = PyUnicode_InternFromString("shape");

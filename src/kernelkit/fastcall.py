@@ -8,10 +8,19 @@ the plan (`call`), and on CUDA runs whole plans in C (`make_plan`, `run`). Where
 built (no C++ compiler, no Python headers) kernel.py computes the same key in Python
 (`kernel._plan_key`) and the CUDA backend launches through cuda-bindings; `kernelkit doctor`
 says which.
+
+fastcall.cpp includes no torch header, so that a wheel can carry it whatever torch is installed;
+it then reads tensors and allocates outputs through torch's Python methods. Its companion
+`fastcall_torch.cpp` does those steps through libtorch's C++ API, which halves a repeated GPU
+call's host time; libtorch's C++ ABI changes with each torch release, so it is always built
+here, against the installed torch (as torch's own extensions are), after fastcall.cpp and in
+the same background thread, cached by torch's version and place, and lent to the extension
+(`set_torch`). Without it (no torch headers, a compile error) the Python methods remain.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.machinery
 import importlib.util
@@ -25,9 +34,11 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("fastcall.cpp")
+TORCH_SOURCE = Path(__file__).with_name("fastcall_torch.cpp")
 
 
 _result = None  # the module, or a line saying why there is none; None until known
+_torch = None  # fastcall_torch's library (lent to the module), or why there is none; None until known
 _builder: threading.Thread | None = None
 _lock = threading.Lock()
 
@@ -36,18 +47,25 @@ def module(block: bool = True):
     """The extension module, or a line saying why there is none. An installed one is loaded at
     once; else the first use builds it in a background thread (a compile costs ~1 s, once per
     machine) and, with block=False, this is None while that runs, so that no call waits for it:
-    calls take the general path meanwhile."""
+    calls take the general path meanwhile. The same thread then builds fastcall_torch.cpp (~10 s
+    once per machine and torch); block=True waits for both."""
     global _builder, _result
-    if _result is None:
+    if _builder is None:
         with _lock:
-            if _result is None and _builder is None:
+            if _builder is None:
                 _result = _installed()
-                if _result is None:
-                    _builder = threading.Thread(target=_build, name="kernelkit-fastcall", daemon=True)
-                    _builder.start()
-        if block and _builder is not None:
-            _builder.join()
+                _builder = threading.Thread(target=_build, name="kernelkit-fastcall", daemon=True)
+                _builder.start()
+    if block:
+        _builder.join()
     return _result
+
+
+def torch_helper(block: bool = True):
+    """fastcall_torch's loaded library, or a line saying why there is none (None while it is
+    being built, with block=False)."""
+    module(block)
+    return _torch
 
 
 def peek():
@@ -66,14 +84,25 @@ def _installed():
 
 
 def _build() -> None:
-    global _result
-    try:
-        _result = _built()
-    except Exception as e:  # noqa: BLE001 - an unusable extension means the Python path, never a crash
-        _result = f"{type(e).__name__}: {e}".splitlines()[0]
+    global _result, _torch
+    if _result is None:
+        try:
+            _result = _built()
+        except Exception as e:  # noqa: BLE001 - an unusable extension means the Python path, never a crash
+            _result = f"{type(e).__name__}: {e}".splitlines()[0]
+        if isinstance(_result, str):
+            logging.getLogger("kernelkit").info("the fast call path's C extension is unavailable "
+                                                "(%s): repeated calls take the Python path", _result)
     if isinstance(_result, str):
-        logging.getLogger("kernelkit").info("the fast call path's C extension is unavailable (%s): "
-                                            "repeated calls take the Python path", _result)
+        _torch = "the fast call path's C extension is unavailable"
+        return
+    try:
+        _torch = _lend_torch(_result)
+    except Exception as e:  # noqa: BLE001 - as above: torch's Python methods remain
+        _torch = f"{type(e).__name__}: {e}".splitlines()[0]
+    if isinstance(_torch, str):
+        logging.getLogger("kernelkit").info("fastcall_torch.cpp is unavailable (%s): repeated GPU "
+                                            "calls read tensors through torch's Python methods", _torch)
 
 
 def _built():
@@ -91,6 +120,41 @@ def _built():
         return (str(e).strip() or type(e).__name__).splitlines()[0]
     mod.set_tensor_type(torch.Tensor)
     return mod
+
+
+def _lend_torch(mod):
+    """fastcall_torch.cpp built against the installed torch (cached), loaded, and lent to `mod`;
+    or why not."""
+    from .backends import cpu
+    from .cache import key_of
+    from .errors import CompileError
+    root = Path(torch.__file__).resolve().parent
+    include, lib = root / "include", root / "lib"
+    if not (include / "torch" / "csrc" / "autograd" / "python_variable.h").is_file():
+        return f"torch's C++ headers are not installed (no {include})"
+    flags = ("-std=c++20", f"-I{sysconfig.get_paths()['include']}", f"-I{include}",
+             f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             # every library a dependency, wherever the linker puts the source among them
+             "-Wl,--no-as-needed", f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python",
+             f"-Wl,-rpath,{lib}")
+    try:
+        source = TORCH_SOURCE.read_text()
+        # the library is bound to this torch: its version, and its place (the rpath above)
+        key = key_of(source, "fastcall_torch", sys.version, platform.machine(), cpu.compiler()[1],
+                     torch.__version__, str(torch.version.git_version), str(lib), *flags)
+        helper = cpu.load_cached(key, source, lambda: cpu.compile_source(source, "safe", flags),
+                                 ctypes.CDLL)
+    except (CompileError, cpu.CompilerNotFound, OSError) as e:
+        return (str(e).strip() or type(e).__name__).splitlines()[0]
+    mod.set_torch(*addresses(helper))
+    return helper
+
+
+def addresses(helper) -> tuple[int, ...]:
+    """What set_torch takes: the addresses of fastcall_torch's functions in its loaded library."""
+    return tuple(ctypes.cast(getattr(helper, name), ctypes.c_void_p).value
+                 for name in ("kk_fingerprint", "kk_view", "kk_empty"))
 
 
 def _extension(path: str):

@@ -529,17 +529,21 @@ class _Plan:
             prototypes, prepare, pack, tail, launch)
 
     def run(self, inputs, output_shapes):
-        """The outputs, or None when the shapes need the general path's checks."""
+        """The outputs, or None when the shapes need the general path's checks, or when every
+        output is empty (the general path makes them and runs no kernel)."""
         if len(output_shapes) != len(self.prototypes):
             return None
-        outputs = []
+        outputs, empty = [], True
         for proto, shape in zip(self.prototypes, output_shapes):
             if type(shape) is not tuple and type(shape) is not torch.Size:
                 return None
+            empty = empty and 0 in shape
             try:
                 outputs.append(proto.new_empty(shape))
             except (TypeError, RuntimeError):  # negative or non-int sizes: reported by _shape
                 return None
+        if outputs and empty:
+            return None
         for o, prepare in zip(outputs, self.prepare):
             if prepare is not None:
                 prepare(o)
