@@ -162,6 +162,12 @@ def _axis(pre: Preconditions, axis: int, ndim: int) -> int:
     return axis % ndim
 
 
+def pow2(e: torch.Tensor) -> torch.Tensor:
+    """2 ** e as float64, exactly, for integer e in [-1022, 1023]: built from the exponent bits
+    (torch.pow rounds on some GPUs)."""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def quantize_mxfp8_reference(x: torch.Tensor, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """The OCP rules in plain torch (the tests' reference)."""
     moved = x.movedim(axis, -1).float()
@@ -172,7 +178,7 @@ def quantize_mxfp8_reference(x: torch.Tensor, axis: int = -1) -> tuple[torch.Ten
     _, exponent = torch.frexp(amax)  # amax = m * 2^exponent, m in [0.5, 1): floor(log2) = exponent - 1
     normal = amax >= torch.finfo(torch.float32).tiny
     e = torch.where(normal, (exponent - 1 - 8).clamp(-127, 127), torch.full_like(exponent, -127))
-    scaled = padded * torch.pow(2.0, -e.double()).float().unsqueeze(-1)
+    scaled = padded * pow2(-e).float().unsqueeze(-1)
     data = scaled.clamp(-448, 448).to(torch.float8_e4m3fn).flatten(-2)[..., :n]
     scales = torch.where(torch.isfinite(amax), e + 127, torch.full_like(e, 255)).to(torch.uint8)
     return data.movedim(-1, axis), scales.movedim(-1, axis)

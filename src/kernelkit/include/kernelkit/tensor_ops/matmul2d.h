@@ -27,7 +27,8 @@ using accumulator_t = conditional_t<is_int8_v<LV> && is_int8_v<RV> && is_integer
 template <class Layout, class Left, class Right, class Dest>
 KK_FN constexpr path path_of() {
 #if defined(KK_TARGET_CUDA) && defined(KK_TOPS_MMA_SYNC)
-  if constexpr (!Layout::whole && !is_cooperative_v<Left> && !is_cooperative_v<Right>)
+  if constexpr (!Layout::whole && !is_cooperative_v<Right> &&
+                (!is_cooperative_v<Left> || mma_sync_left_input_v<Left, typename operand_traits<Right>::value_type>))
     return mma_sync_supported<typename operand_traits<Left>::value_type, typename operand_traits<Right>::value_type,
                               typename operand_traits<Dest>::value_type,
                               operand_traits<Left>::scaled || operand_traits<Right>::scaled>() ? path::mma_sync : path::loops;

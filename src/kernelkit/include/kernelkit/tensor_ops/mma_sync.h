@@ -85,6 +85,15 @@ KK_FN void mma_s8(int (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 #undef KK_TOPS_MMA_S8
 }
 
+// A left-input cooperative tensor of one SIMD-group whose elements are half (bfloat) and whose
+// right operand is too: its registers are the m16n8k16 A fragments as they stand (layout.h), so
+// run reads them without a lane exchange.
+template <class Left, class RV> inline constexpr bool mma_sync_left_input_v = false;
+template <class E, class X, class L, class RV>
+inline constexpr bool mma_sync_left_input_v<metal::cooperative_tensor<E, X, L>, RV> =
+    L::which == role::left && L::simdgroups == 1 && (kind_of<E> == kind::f16 || kind_of<E> == kind::bf16) &&
+    kind_of<E> == kind_of<RV>;
+
 template <class Acc, mpp::tensor_ops::matmul2d_descriptor D, class Layout, class Left, class Right>
 struct mma_sync_matmul {
   static constexpr KK_FN const char* name() {
@@ -131,7 +140,13 @@ struct mma_sync_matmul {
 
   // A (m x k) fragment of rows m, m + 8 and columns k0.. (see the PTX ISA's fragment layouts).
   static KK_FN void fragment_a(const Left& l, int m, int k0, int t, unsigned (&a)[4], unsigned (&lo)[4]) {
-    if constexpr (bytes) {
+    if constexpr (is_cooperative_v<Left>) {  // mma_sync_left_input_v: elements (g, 2t), (g, 2t + 1) of each block
+      using L = typename Left::layout;
+      for (int r = 0; r < 4; ++r) {
+        const int ib = k0 / 8 + (r >> 1), i = ((m / 16) * L::IB + ib) * 4 + (r & 1) * 2;
+        a[r] = ib < L::IB ? pack16(raw16(l.v[i]), raw16(l.v[i + 1])) : 0u;
+      }
+    } else if constexpr (bytes) {
       for (int r = 0; r < 4; ++r) {
         const int row = m + 8 * (r & 1), k = k0 + 16 * (r >> 1) + 4 * t;
         a[r] = pack8(byte(l, tl ? row : k, tl ? k : row), byte(l, tl ? row : k + 1, tl ? k + 1 : row),
@@ -178,6 +193,7 @@ struct mma_sync_matmul {
     if (x < 0 || y < 0 || x >= int(t.get_extent(0)) || y >= int(t.get_extent(1))) return 0;
     return *reinterpret_cast<const unsigned char*>(&t(x, y));
   }
+  template <class E> static KK_FN unsigned short raw16(const E& x) { return __builtin_bit_cast(unsigned short, x); }
   static KK_FN unsigned short bits(float x) {
     return S == mma_shape::bf16 ? kk::float_to_bfloat(x) : kk::float_to_half(x);
   }

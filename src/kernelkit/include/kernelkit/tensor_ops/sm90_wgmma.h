@@ -514,32 +514,46 @@ struct warpgroup_gemm {
     for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
   }
 
+  // The scale words of a scaled run's stage for this thread: its rows' (2 an atom) and columns'
+  // (2 per 8), each 4 bytes for the stage's 4 blocks of K. Loaded a stage ahead (prefetch), so
+  // their latency hides under the stage before.
+  struct stage_scales {
+    unsigned ra[2 * (rows / 64)], cb[BN / 4];
+    __device__ void prefetch(const block_scales& sc, int kt, int t, int m_valid, int n_valid) {
+      using namespace detail;
+      const int w = (t >> 5) & 3, l = t & 31, kb0 = kt * 4;
+      const bool words = ((sc.a_rs | sc.b_rs) & 3) == 0 &&
+                         ((reinterpret_cast<unsigned long long>(sc.a) | reinterpret_cast<unsigned long long>(sc.b)) & 3) == 0;
+#pragma unroll
+      for (int r = 0; r < 2 * (rows / 64); ++r) {
+        const int row = (t >> 7) * rows + (r >> 1) * 64 + w * 16 + (l >> 2) + 8 * (r & 1);
+        ra[r] = scale_word(sc.a + row * sc.a_rs, row < m_valid, kb0, sc.blocks, words);
+      }
+#pragma unroll
+      for (int c = 0; c < BN / 4; ++c) {
+        const int col = (c >> 1) * 8 + (l & 3) * 2 + (c & 1);
+        cb[c] = scale_word(sc.b + col * sc.b_rs, col < n_valid, kb0, sc.blocks, words);
+      }
+    }
+    // Whether a lane of the warp holds a 0x00 or 0xff scale (then the warp converts exactly).
+    __device__ bool special() const {
+      bool any = false;
+#pragma unroll
+      for (int r = 0; r < 2 * (rows / 64); ++r) any |= detail::special_scale(ra[r]);
+#pragma unroll
+      for (int c = 0; c < BN / 4; ++c) any |= detail::special_scale(cb[c]);
+      return __any_sync(0xffffffffu, any);
+    }
+  };
+
   // A scaled stage (run_scaled): its four 32-element blocks of K one at a time, each a wgmma into
-  // tmp (scale-d 0: tmp = A * B), then acc += tmp * sa(row) * sb(column). The scale words are
-  // loaded before the first wgmmas, their latency under them. A warp whose words hold a 0x00 or
-  // 0xff scale converts them exactly; the others take the exponent bits as they are.
+  // tmp (scale-d 0: tmp = A * B), then acc += tmp * sa(row) * sb(column).
   __device__ static void mma_stage_scaled(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile, int block0,
-                                          const block_scales& sc, int kt, int t, int m_valid, int n_valid) {
+                                          const stage_scales& sc) {
     using namespace detail;
-    constexpr int atoms = rows / 64, cols = BN / 4;  // per thread: 2 rows an atom, 2 columns per 8
-    const int w = (t >> 5) & 3, l = t & 31, kb0 = kt * 4;
-    const bool words = ((sc.a_rs | sc.b_rs) & 3) == 0 &&
-                       ((reinterpret_cast<unsigned long long>(sc.a) | reinterpret_cast<unsigned long long>(sc.b)) & 3) == 0;
-    unsigned ra[2 * atoms], cb[cols];
-    bool special = false;
-#pragma unroll
-    for (int r = 0; r < 2 * atoms; ++r) {
-      const int row = (t >> 7) * rows + (r >> 1) * 64 + w * 16 + (l >> 2) + 8 * (r & 1);
-      ra[r] = scale_word(sc.a + row * sc.a_rs, row < m_valid, kb0, sc.blocks, words);
-      special |= special_scale(ra[r]);
-    }
-#pragma unroll
-    for (int c = 0; c < cols; ++c) {
-      const int col = (c >> 1) * 8 + (l & 3) * 2 + (c & 1);
-      cb[c] = scale_word(sc.b + col * sc.b_rs, col < n_valid, kb0, sc.blocks, words);
-      special |= special_scale(cb[c]);
-    }
-    special = __any_sync(0xffffffffu, special);
+    const unsigned (&ra)[2 * (rows / 64)] = sc.ra;
+    const unsigned (&cb)[BN / 4] = sc.cb;
+    const bool special = sc.special();
     // Two product buffers: block kk + 1's wgmma runs while block kk's products are scaled.
     TAcc tmp[2][acc_per_thread];
     issue_block(tmp[0], a_tile, b_tile, block0, 0);
@@ -676,15 +690,19 @@ struct warpgroup_gemm {
           sb.issue(base + s * stage_bytes + sa.bytes, gb, s * BK, full + 8 * s);
         }
       }
+      stage_scales now, next;
+      if constexpr (Scaled) now.prefetch(*scales, 0, t, m_valid, n_valid);
 #pragma unroll 1
       for (int kt = 0; kt < tiles; ++kt) {
         const int s = kt % Stages;
+        if constexpr (Scaled) next.prefetch(*scales, kt + 1, t, m_valid, n_valid);
         mbar_wait(full + 8 * s, (kt / Stages) & 1);
-        if constexpr (Scaled)
-          mma_stage_scaled(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0, *scales, kt, t,
-                           m_valid, n_valid);
-        else
+        if constexpr (Scaled) {
+          mma_stage_scaled(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0, now);
+          now = next;
+        } else {
           mma_stage<KA, KB>(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0);
+        }
         wgmma_wait<1>();  // tile kt - 1's MMAs are done: its stage can be refilled
         if (kt > 0) {
           const int ps = (kt - 1) % Stages, next = kt - 1 + Stages;
@@ -720,16 +738,21 @@ struct warpgroup_gemm {
       }
       cp_async_commit();  // empty groups too: the wait below counts groups
     }
+    stage_scales now, next;
+    if constexpr (Scaled) now.prefetch(*scales, 0, t, m_valid, n_valid);
 #pragma unroll 1
     for (int kt = 0; kt < tiles; ++kt) {
+      if constexpr (Scaled) next.prefetch(*scales, kt + 1, t, m_valid, n_valid);
       cp_async_wait<Stages - 2>();  // this thread's copies of tile kt have landed
       fence_proxy_async();
       named_barrier(barrier, threads);   // everyone's have; and every warp finished tile kt - 1's MMAs
       const unsigned a_tile = base + (kt % Stages) * stage_bytes;
-      if constexpr (Scaled)
-        mma_stage_scaled(acc, a_tile, a_tile + sa.bytes, block0, *scales, kt, t, m_valid, n_valid);
-      else
+      if constexpr (Scaled) {
+        mma_stage_scaled(acc, a_tile, a_tile + sa.bytes, block0, now);
+        now = next;
+      } else {
         mma_stage<KA, KB>(acc, a_tile, a_tile + sa.bytes, block0);
+      }
       // While the tensor cores run tile kt, copy tile kt + Stages - 1 into the stage tile kt - 1
       // left (its MMAs finished before the barrier above).
       const int next = kt + Stages - 1;
