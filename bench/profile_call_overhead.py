@@ -13,6 +13,7 @@ call's ratio to CuPy's launch in the same round.
 
 import argparse
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -84,11 +85,17 @@ def main() -> None:
     print(f"{'kernel call / CuPy RawKernel':36s} {ratio:6.2f} (median of the rounds' ratios)")
     if args.out:
         command = shlex.join(["python", "bench/profile_call_overhead.py", *sys.argv[1:]])
+        rounds = {_key(name): v for name, v in rounds.items()}
         body = {"rounds": args.rounds, "calls": 3000,
                 **{f"{name}_us": statistics.median(v) for name, v in rounds.items()},
                 "kernel_call_over_cupy_rawkernel": ratio, "per_round_us": rounds}
         Path(args.out).write_text(json.dumps(record("profile_call_overhead", body, dev, command),
                                              indent=2) + "\n")
+
+
+def _key(name: str) -> str:
+    """A part's name as a JSON key ("torch empty_like" -> torch_empty_like)."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower().replace("'", "")).strip("_")
 
 
 if __name__ == "__main__":
