@@ -415,7 +415,8 @@ def test_fastcall_torch_reads_a_view_as_torch_does(device):
                             ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
                             ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)))
     t = torch.randn(4, 5, 6, device=device).transpose(0, 2)[1:]
-    data, sizes, strides = ctypes.c_void_p(), ctypes.POINTER(ctypes.c_int64)(), ctypes.POINTER(ctypes.c_int64)()
+    data = ctypes.c_void_p()
+    sizes, strides = ctypes.POINTER(ctypes.c_int64)(), ctypes.POINTER(ctypes.c_int64)()
     assert view(t, ctypes.byref(data), ctypes.byref(sizes), ctypes.byref(strides)) == 3
     assert data.value == t.data_ptr()
     assert (sizes[0], sizes[1], sizes[2]) == t.shape and (strides[0], strides[1], strides[2]) == t.stride()
