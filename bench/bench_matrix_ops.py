@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -29,25 +28,7 @@ import kernelkit as kk  # noqa: E402
 from kernelkit.ops import dequantize_mxfp8, matmul_add_relu, mxfp8_matmul, quantize_mxfp8  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_talk_matmul import sass_counts  # noqa: E402
-
-
-def interleaved(fns: dict, iters: int, rounds: int) -> dict:
-    """Median ms a call of each, its rounds interleaved with the others'."""
-    for f in fns.values():
-        f()
-    torch.cuda.synchronize()
-    times = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, f in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                f()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / iters)
-    return {n: statistics.median(t) for n, t in times.items()}
+from bench_talk_matmul import sass_counts, time_interleaved as interleaved  # noqa: E402
 
 
 def rel(out, ref) -> float:

@@ -91,8 +91,11 @@ def test_mxfp8_matmul_against_the_dequantised_product(device, M, N, K, out_dtype
     c = kk.ops.mxfp8_matmul(qa, sa, qb, sb, out_dtype=out_dtype)
     assert c.shape == (M, N) and c.dtype == out_dtype
     ref = dequantize_mxfp8(qa, sa).double() @ dequantize_mxfp8(qb, sb).double().T
-    # exact products, float32 sums (then the output's rounding): relative to the largest magnitude
-    tol = 1e-5 if out_dtype == torch.float32 else 1e-2
+    # exact products, float32 sums (then the output's rounding): relative to the largest magnitude.
+    # On a GPU each 32-value block is summed by the fp8 tensor cores, whose adder keeps ~14
+    # significant bits (DeepSeek-V3 report, 3.3.2; torch._scaled_mm's are the same); the blocks
+    # are then added in float32.
+    tol = 1e-2 if out_dtype != torch.float32 else 3e-4 if c.is_cuda else 1e-5
     torch.testing.assert_close(c.double(), ref, rtol=tol, atol=tol * ref.nan_to_num().abs().max().item(),
                                equal_nan=True)
 

@@ -135,7 +135,9 @@ def mxfp8_matmul(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Ten
     """dequant(a) @ dequant(b)^T for MXFP8 operands quantised along K (both K-major, as
     quantize_mxfp8(x, axis=-1) gives them): a (M, K) with scales (M, ceil(K / 32)), b (N, K)
     with scales (N, ceil(K / 32)). Products exact, sums in float32, the result in out_dtype
-    (bfloat16, float16 or float32)."""
+    (bfloat16, float16 or float32). On Hopper each 32-value block is one fp8 tensor-core product
+    (QGMMA), whose adder keeps ~14 significant bits (as torch._scaled_mm's); the blocks' sums,
+    times their scales, are added in float32."""
     pre = Preconditions("mxfp8_matmul")
     fp8 = (torch.float8_e4m3fn, torch.uint8)
     pre.tensor("a_data", a_data, dtype=fp8, shape=("M", "K"))
