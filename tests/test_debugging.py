@@ -459,3 +459,31 @@ def test_check_bounds_stops_a_write_far_past_an_output(device):
     with pytest.raises(IndexError, match=r"out-of-bounds access to output 'out' at index 100000"):
         call(k, x, check_bounds=True)
     torch.testing.assert_close(call(make("metal", "near_write", "out[i] = inp[i];"), x), x)
+
+
+def test_verbose_shows_the_path_of_each_tensor_op_run(device, capfd):
+    """verbose=True on a tensor-op kernel: beside the source, each matmul2d run prints the path it
+    took (the talk's tile matmul: loops on the CPU, tensor cores on a GPU), with its line."""
+    header = ("#include <metal_tensor>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\n"
+              "using namespace mpp::tensor_ops;\n")
+    body = """
+  auto A = tensor(a, dextents<int, 2>(16, 64));
+  auto B = tensor(b, dextents<int, 2>(64, 16));
+  auto C = tensor(c, dextents<int, 2>(64, 64));
+  constexpr auto descriptor = matmul2d_descriptor(64, 64, dynamic_length_v<int>);
+  matmul2d<descriptor, execution_simdgroups<4>> op;
+  op.run(A, B, C);
+"""
+    k = kk.metal_kernel("verbose_tile_matmul", ["a", "b"], ["c"], body, header=header)
+    a = torch.randn(64, 16, device=device, dtype=torch.float16)
+    b = torch.randn(16, 64, device=device, dtype=torch.float16)
+    args = dict(inputs=[a, b], output_shapes=[(64, 64)], output_dtypes=[torch.float32], grid=(128, 1, 1),
+                threadgroup=(128, 1, 1))
+    c = k(**args, verbose=True)[0]
+    out = capfd.readouterr().out
+    path = ("loops (float)" if device.type == "cpu" else
+            "wgmma" if torch.cuda.get_device_capability(device) == (9, 0) else "mma.sync")
+    assert "kernelkit tensor ops: body:7: matmul2d<(64, 64, 0: dynamic), execution_simdgroups<4>>: " + path in out
+    torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-3, atol=1e-3)
+    k(**args)  # a plain call: no report
+    assert "kernelkit tensor ops" not in capfd.readouterr().out

@@ -49,7 +49,7 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
     if TENSOR_OPS in defines:
         if "KK_EXTERN_SHARED(" in header + body:  # the body's dynamic shared memory starts where
             out.append("#define KK_TOPS_NO_WARPGROUP 1")  # the warpgroup path's would: mma.sync
-        if os.environ.get("KERNELKIT_TENSOR_OPS_REPORT", "0") not in ("", "0"):
+        if sig.report or os.environ.get("KERNELKIT_TENSOR_OPS_REPORT", "0") not in ("", "0"):
             out.append("#define KK_TOPS_REPORT 1")  # each run prints its path (tensor_ops/matmul2d.h)
         out.append("#include <kernelkit/tensor_ops.h>")
     if target == "cpu":  # threads of a group as fibers, or as a plain loop

@@ -230,10 +230,14 @@ class Kernel:
         checks = debugging.request(check_bounds, timeout, c)  # None: a plain call
         if checks is not None:
             key += (checks.mode,)
+        # verbose on a tensor-op kernel: a variant whose matmul2d runs print the path each took
+        report = bool(verbose) and self._tensor_ops()
+        if report:
+            key += ("report",)
         variant = self._variants.get(key)
         if variant is None:
             variant = self._build(key, backend, device, specs, out_dtypes, targs,
-                                  None if checks is None else checks.mode)
+                                  None if checks is None else checks.mode, report)
         if verbose:
             self._print(variant)
 
@@ -247,6 +251,8 @@ class Kernel:
             plan_key = None
         else:
             launch(variant.pack(tensors, outputs, tail))
+            if report and device.type == "cuda":
+                torch.cuda.synchronize(device)  # the device's printf reaches stdout with this call
         # A call the fast path can repeat: arrays used as given, only torch tensors and scalars.
         # A plan is made when such a call comes again (a call made once costs nothing more), and
         # waits for fastcall's extension (built in the background on first use).
@@ -391,10 +397,10 @@ class Kernel:
 
     # --- variants ---------------------------------------------------------------------------
 
-    def _build(self, key, backend, device, specs, out_dtypes, targs, debug=None) -> Variant:
+    def _build(self, key, backend, device, specs, out_dtypes, targs, debug=None, report=False) -> Variant:
         plan = None if debug is None else debugging.plan(self, specs, debug)
         sig = Signature(list(zip(self.input_names, specs)), list(zip(self.output_names, out_dtypes)),
-                        self.atomic_outputs, targs, self._uses, plan)
+                        self.atomic_outputs, targs, self._uses, plan, report)
         source = self._generate(backend.target, sig)
         context = f"[{self.caller}] kernel {self.name!r}"
         if plan is not None:  # the rewritten source: say so, should it not compile
@@ -434,6 +440,10 @@ class Kernel:
                              f"{written} cannot be assigned; write with atomic_store_explicit("
                              f"&{written[0]}[i], v, memory_order_relaxed) or atomic_fetch_add_explicit.")
         return hints
+
+    def _tensor_ops(self) -> bool:
+        """Whether the body uses tensor ops (matmul2d...; not counting name_tensor views alone)."""
+        return codegen.TENSOR_OPS in self.dialect.defines(self._lowered_header, self._lowered_body)
 
     def _generate(self, target: str, sig: Signature) -> str:
         """The generated unit for `target`; a checked variant's (sig.debug) rewrites the source."""

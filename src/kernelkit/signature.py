@@ -119,9 +119,10 @@ class Field:
 class Signature:
     def __init__(self, inputs: list[tuple[str, InputSpec]], outputs: list[tuple[str, DType]],
                  atomic_outputs: bool, template: list[tuple[str, object]], uses: set[str],
-                 debug=None):
+                 debug=None, report: bool = False):
         self.template = template
         self.debug = debug  # a checked variant's debugging.Plan (its fields end the block)
+        self.report = report  # tensor ops: each matmul2d run prints its path (verbose=True)
         # (name, rank) of each input whose body mentions name_tensor: the dialect declares that
         # view (tensor ops) from the input's pointer, shape and strides.
         self.tensor_views = [(name, spec.rank) for name, spec in inputs
