@@ -567,3 +567,60 @@ def test_warpgroup_shared_memory_is_read_from_the_cubin():
     assert cuda.target_arch("sm_90", "#define KK_TENSOR_OPS 1\n") == "sm_90a"
     assert cuda.target_arch("sm_90", "plain") == "sm_90"
     assert cuda.target_arch("sm_80", "#define KK_TENSOR_OPS 1") == "sm_80"
+
+
+# A 64 x 40 tile on execution_simdgroups<4> from tensors over rows of LA / LB elements starting OFF
+# elements in, in threadgroup memory (SH) or device memory: mma_sync.h reads interior fragments
+# with ldmatrix (16-byte aligned threadgroup rows), 32-bit loads (4-byte aligned rows; movmatrix
+# for rows along m or n) or bytes, and the rest element by element.
+ROWS_TILE = """
+  const int M = p[0], N = p[1], K = p[2], LA = p[3], LB = p[4], OFF = p[5];
+  const int AR = TL ? K : M, BR = TR ? N : K;
+  threadgroup uint4 a_raw[(64 * 96 + 16) * sizeof(T) / 16];
+  threadgroup uint4 b_raw[(64 * 96 + 16) * sizeof(T) / 16];
+  threadgroup T* As = reinterpret_cast<threadgroup T*>(a_raw);
+  threadgroup T* Bs = reinterpret_cast<threadgroup T*>(b_raw);
+  for (int i = thread_index_in_threadgroup; i < OFF + AR * LA; i += 128) As[i] = a[i];
+  for (int i = thread_index_in_threadgroup; i < OFF + BR * LB; i += 128) Bs[i] = b[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  auto C = tensor(c, dextents<int, 2>(N, M));
+  constexpr auto descriptor = matmul2d_descriptor(64, 40, dynamic_length_v<int>, TL, TR);
+  matmul2d<descriptor, execution_simdgroups<4>> op;
+  const auto ea = TL ? dextents<int, 2>(M, K) : dextents<int, 2>(K, M);
+  const auto eb = TR ? dextents<int, 2>(K, N) : dextents<int, 2>(N, K);
+  if (p[6]) op.run(tensor(As + OFF, ea, array<int, 2>({1, LA})), tensor(Bs + OFF, eb, array<int, 2>({1, LB})), C);
+  else op.run(tensor(a + OFF, ea, array<int, 2>({1, LA})), tensor(b + OFF, eb, array<int, 2>({1, LB})), C);
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("tl,tr", [(False, False), (True, True), (False, True), (True, False)])
+def test_tile_matmul_memory_rows(device, dtype, tl, tr):
+    """Whole tiles and ragged ones (58 x 37, K = 44), rows padded to 16-byte multiples (ldmatrix),
+    to 4-byte ones (32-bit loads), odd or off by one element (element reads), from both memories."""
+    k = kk.metal_kernel("tops_rows_tile", ["a", "b", "p"], ["c"], ROWS_TILE, header=HEADER)
+    out = torch.int32 if dtype == torch.int8 else torch.float32
+    unit = 16 // dtype.itemsize  # elements in 16 bytes
+    word = 4 // dtype.itemsize
+    for M, N, K in [(64, 40, 64), (58, 37, 44)]:
+        A, B = _rand((M, K), dtype, device), _rand((K, N), dtype, device)
+        ref = A.double() @ B.double()
+        am, bm = (A.T if tl else A), (B.T if tr else B)  # as memory rows
+        for pad, off in [(0, 0), (unit, 0), (word, word), (1, 0), (0, 1)]:
+            la, lb = -(-am.shape[1] // unit) * unit + pad, -(-bm.shape[1] // unit) * unit + pad
+
+            def flat(x, ld):
+                rows = torch.zeros(x.shape[0], ld, dtype=dtype, device=device)
+                rows[:, :x.shape[1]] = x
+                return torch.cat([torch.zeros(off, dtype=dtype, device=device), rows.flatten()])
+
+            for shared in (1, 0):
+                p = torch.tensor([M, N, K, la, lb, off, shared], dtype=torch.int32, device=device)
+                c = k(inputs=[flat(am, la), flat(bm, lb), p], output_shapes=[(M, N)], output_dtypes=[out],
+                      grid=(128, 1, 1), threadgroup=(128, 1, 1),
+                      template=[("T", dtype), ("TL", tl), ("TR", tr)])[0]
+                what = f"{M}x{N}x{K} pad {pad} offset {off} {'threadgroup' if shared else 'device'}"
+                if dtype == torch.int8:
+                    assert torch.equal(c.long(), ref.long()), what
+                else:
+                    torch.testing.assert_close(c.double(), ref, rtol=1e-4, atol=1e-4, msg=what)

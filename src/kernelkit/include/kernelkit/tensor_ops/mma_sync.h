@@ -3,7 +3,7 @@
 //
 // The accumulators are the destination's registers as they are (layout.h is the m16n8 accumulator
 // fragment). Per k step each warp reads its A fragments (its 16-row blocks) and B fragments (every
-// 8-column block) from memory, element by element with bounds (zero outside), and issues:
+// 8-column block) and issues:
 //   half x half, bfloat x bfloat        m16n8k16 (f16 / bf16 in, f32 accumulate)
 //   int8 x int8 into integers           m16n8k32 (s8 / u8 in, s32 accumulate)
 //   fp8 x fp8 (e4m3 / e5m2, unscaled)   m16n8k32 (sm_89+ fp8 in, f32 accumulate)
@@ -11,6 +11,13 @@
 //                                       m16n8k8 tf32, exact for every type but float; a float
 //                                       operand is split into two tf32 (3xTF32: fp32 accuracy)
 //                                       unless relaxed_precision
+// How a fragment is read. The 16- and 8-bit shapes read a tensor whose contiguous side (extent 0)
+// has stride 1 as rows of memory, a fragment at a time where the whole fragment lies inside the
+// extents (and inside K): from threadgroup memory with ldmatrix (.trans where the rows run along
+// the fragment's outer side; 16-byte aligned rows), from device memory with 32-bit loads (an 8 x 8
+// block read across its rows is transposed in registers by movmatrix; 8-bit ones are read a byte at
+// a time, unchecked). Everything else (the edges, other strides, tf32) reads element by element
+// with bounds: zero past a tensor's extents and past K.
 #pragma once
 
 #define KK_TOPS_MMA_SYNC 1
@@ -85,6 +92,81 @@ KK_FN void mma_s8(int (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 #undef KK_TOPS_MMA_S8
 }
 
+
+// 32 bits at a generic address (4-byte aligned).
+KK_FN unsigned load32(const void* p) { return *reinterpret_cast<const unsigned*>(p); }
+// The warp's 8 x 8 16-bit matrix in the fragment layout (lane 4g + t: row g, columns 2t, 2t + 1),
+// transposed.
+KK_FN unsigned movmatrix_trans(unsigned x) {
+  unsigned r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+}
+// Lane i gives the shared address of row i % 8 of matrix i / 8 (16 bytes); register j receives
+// matrix j in the fragment layout (.trans: transposed). volatile: the threadgroup memory it reads
+// changes between barriers that the compiler does not see as writes to it.
+template <bool Trans> KK_FN void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+template <bool Trans> KK_FN void ldmatrix_x2(unsigned (&r)[2], unsigned addr) {
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
+// How a tensor operand's interior fragments are read (the same on every lane: one tensor a warp).
+enum class fetch { elements, generic, shared };
+
+// A tensor operand as rows of memory: element (o, k) of the logical matrix (o: m for the left,
+// n for the right) at p + o * ld + k when KC (k runs along memory rows), else at p + k * ld + o.
+template <class E, bool KC>
+struct rows_view {
+  const E* p;
+  long ld;
+  unsigned sp;       // p in the shared window (fetch::shared)
+  int outer, inner;  // the extents along o and k (k clipped to K)
+  fetch how;
+  KK_FN long offset(int o, int k) const { return KC ? long(o) * ld + k : long(k) * ld + o; }
+  KK_FN const E* at(int o, int k) const { return p + offset(o, k); }
+  KK_FN unsigned saddr(int o, int k) const { return sp + unsigned(offset(o, k)) * unsigned(sizeof(E)); }
+  KK_FN bool inside(int o0, int rows, int k0, int cols) const {
+    return how != fetch::elements && o0 + rows <= outer && k0 + cols <= inner;
+  }
+  // The four bytes (o, k..k + 3), unchecked.
+  KK_FN unsigned bytes4(int o, int k) const {
+    const auto b = [&](int j) { return int(*reinterpret_cast<const unsigned char*>(at(o, k + j))); };
+    return pack8(b(0), b(1), b(2), b(3));
+  }
+};
+struct no_rows {};
+
+// t (a tensor of 16- or 8-bit elements) seen as rows; extent 0 is its contiguous side.
+template <bool KC, class Tn>
+KK_FN rows_view<typename operand_traits<Tn>::value_type, KC> rows_of(const Tn& t, int K) {
+  using E = typename operand_traits<Tn>::value_type;
+  rows_view<E, KC> v;
+  v.p = t.data();
+  v.ld = long(t.get_stride(1));
+  v.outer = int(t.get_extent(KC ? 1 : 0));
+  v.inner = min_int(K, int(t.get_extent(KC ? 0 : 1)));
+  const bool shared = __isShared(v.p);
+  v.sp = shared ? unsigned(__cvta_generic_to_shared(v.p)) : 0u;
+  const unsigned long align = reinterpret_cast<unsigned long>(v.p) | static_cast<unsigned long>(v.ld * long(sizeof(E)));
+  // 8-bit rows along o have no ldmatrix (b16 only) nor movmatrix: read a byte at a time, any alignment.
+  constexpr bool byte_columns = sizeof(E) == 1 && !KC;
+  v.how = t.get_stride(0) != 1                               ? fetch::elements
+          : shared && !byte_columns && align % 16 == 0      ? fetch::shared
+          : byte_columns || align % 4 == 0                  ? fetch::generic
+                                                            : fetch::elements;
+  return v;
+}
+
 // A left-input cooperative tensor of one SIMD-group whose elements are half (bfloat) and whose
 // right operand is too: its registers are the m16n8k16 A fragments as they stand (layout.h), so
 // run reads them without a lane exchange.
@@ -107,87 +189,237 @@ struct mma_sync_matmul {
                                                operand_traits<Left>::scaled || operand_traits<Right>::scaled>();
   static constexpr bool bytes = S == mma_shape::s8 || S == mma_shape::fp8;  // 8-bit operands: 4 per register
   static constexpr int KSTEP = bytes ? 32 : S == mma_shape::tf32 ? 8 : 16;
+  // The 16- and 8-bit shapes take the operands' bits as they are: a register is 32 bits of memory.
+  static constexpr bool vec = S == mma_shape::f16 || S == mma_shape::bf16 || bytes;
+  static constexpr int EPR = bytes ? 4 : 2;  // elements a register
+  static constexpr int CW = 4 * EPR;         // elements in 16 bytes: a row of an ldmatrix block (KSTEP / 2)
   static constexpr bool tl = D.transpose_left, tr = D.transpose_right;
   // 3xTF32 for an exact float operand: the big part and the rest.
   static constexpr bool split_left = S == mma_shape::tf32 && kind_of<LV> == kind::f32 && !D.relaxed_precision;
   static constexpr bool split_right = S == mma_shape::tf32 && kind_of<RV> == kind::f32 && !D.relaxed_precision;
+  static constexpr int OBW = Layout::OBW, IB = Layout::IB, IBP = (IB + 1) / 2;  // IBP: pairs of column blocks
+
+  // One k step's fragments: the A fragment of each of the SIMD-group's 16-row blocks, the B
+  // fragments of every 8-column block (in pairs: one ldmatrix.x4 reads two).
+  struct fragments {
+    unsigned a[OBW][4], a_lo[OBW][4], b[IBP][2][2], b_lo[IBP][2][2];
+  };
+  // A cooperative left input's k loop (its static extent) is unrolled: its registers are then
+  // indexed by constants (a run-time index puts the whole input in local memory).
+  static constexpr int static_steps = is_cooperative_v<Left> ? ceil_div(D.k, KSTEP) : 0;
+  // Over a dynamic K (a tile matmul: the op is the kernel's work), step k + 1's fragments are read
+  // before step k's products, hiding the loads' latency behind the tensor cores, where two steps'
+  // fragments fit beside the accumulators. A static K's op is mostly one among others whose
+  // registers stay live (flash attention's): there the second set makes ptxas spill, and each pair
+  // of B fragments is read just before its products.
+  static constexpr int fragment_regs = 4 * OBW * (split_left ? 2 : 1) + 4 * IBP * (split_right ? 2 : 1);
+  static constexpr bool prefetch = D.dynamic_k() && Layout::capacity + 2 * fragment_regs <= 128;
 
   static KK_FN void run(Acc (&acc)[Layout::capacity], const Left& left, const Right& right, int K) {
-    const int g = int(lane_id() >> 2), t = int(lane_id() & 3);
-    for (int k0 = 0; k0 < K; k0 += KSTEP) {
-      for (int obl = 0; obl < Layout::OBW; ++obl) {
-        const int m = Layout::row_of_slot(obl * 2);  // rows m and m + 8 (m = 16 * block + g)
-        unsigned a[4], a_lo[4];
-        fragment_a(left, m, k0, t, a, a_lo);
-        for (int ib = 0; ib < Layout::IB; ++ib) {
-          const int n = ib * 8 + g;
-          unsigned b[2], b_lo[2];
-          fragment_b(right, n, k0, t, b, b_lo);
-          Acc(&c)[4] = *reinterpret_cast<Acc(*)[4]>(&acc[(obl * Layout::IB + ib) * 4]);
-          if constexpr (S == mma_shape::s8) {
-            mma_s8<kind_of<LV> == kind::u8, kind_of<RV> == kind::u8>(c, a, b);
-          } else if constexpr (S == mma_shape::fp8) {
-            mma_fp8<kind_of<LV>, kind_of<RV>>(c, a, b);
-          } else {
-            mma<S>(c, a, b);
-            if constexpr (split_left) mma<S>(c, a_lo, b);
-            if constexpr (split_right) mma<S>(c, a, b_lo);
-          }
+    // Memory rows: a left tensor's run along k unless transposed; a right one's only if transposed.
+    const auto lv = view<!tl>(left, K);
+    const auto rv = view<tr>(right, K);
+    const int steps = static_steps ? static_steps : ceil_div(K, KSTEP);
+    fragments cur;
+    if constexpr (prefetch) {
+      if (steps > 0) {
+        load_a(cur, left, lv, 0, K);
+        KK_TOPS_UNROLL
+        for (int p = 0; p < IBP; ++p) load_b(cur, right, rv, p, 0, K);
+      }
+    }
+    if constexpr (static_steps > 0) {
+      KK_TOPS_UNROLL
+      for (int s = 0; s < static_steps; ++s) step(acc, cur, left, right, lv, rv, s, steps, K);
+    } else {
+      for (int s = 0; s < steps; ++s) step(acc, cur, left, right, lv, rv, s, steps, K);
+    }
+  }
+
+ private:
+  template <bool KC, class Op> static KK_FN auto view(const Op& op, int K) {
+    if constexpr (vec && !is_cooperative_v<Op>) return rows_of<KC>(op, K);
+    else return no_rows{};
+  }
+
+  // Step s's products. Prefetching, cur holds its fragments on entry and the next step's on return.
+  template <class LR, class RR>
+  static KK_FN void step(Acc (&acc)[Layout::capacity], fragments& cur, const Left& left, const Right& right,
+                         const LR& lv, const RR& rv, int s, int steps, int K) {
+    if constexpr (prefetch) {
+      fragments next;
+      if (s + 1 < steps) {
+        load_a(next, left, lv, (s + 1) * KSTEP, K);
+        KK_TOPS_UNROLL
+        for (int p = 0; p < IBP; ++p) load_b(next, right, rv, p, (s + 1) * KSTEP, K);
+      }
+      KK_TOPS_UNROLL
+      for (int p = 0; p < IBP; ++p) products(acc, cur, p);
+      cur = next;
+    } else {
+      load_a(cur, left, lv, s * KSTEP, K);
+      KK_TOPS_UNROLL
+      for (int p = 0; p < IBP; ++p) {
+        load_b(cur, right, rv, p, s * KSTEP, K);
+        products(acc, cur, p);
+      }
+    }
+  }
+
+  template <class LR>
+  static KK_FN void load_a(fragments& f, const Left& left, const LR& lv, int k0, int K) {
+    KK_TOPS_UNROLL
+    for (int obl = 0; obl < OBW; ++obl)
+      fragment_a(left, lv, obl, Layout::row_of_slot(obl * 2) - int(lane_id() >> 2), k0, K, f.a[obl], f.a_lo[obl]);
+  }
+  template <class RR>
+  static KK_FN void load_b(fragments& f, const Right& right, const RR& rv, int p, int k0, int K) {
+    fragments_b(right, rv, 16 * p, 2 * p + 1 < IB, k0, K, f.b[p], f.b_lo[p]);
+  }
+
+  // The products of column blocks 2p and 2p + 1.
+  static KK_FN void products(Acc (&acc)[Layout::capacity], const fragments& f, int p) {
+    KK_TOPS_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const int ib = 2 * p + j;
+      if (ib >= IB) break;
+      KK_TOPS_UNROLL
+      for (int obl = 0; obl < OBW; ++obl) {
+        Acc(&c)[4] = *reinterpret_cast<Acc(*)[4]>(&acc[(obl * IB + ib) * 4]);
+        if constexpr (S == mma_shape::s8) {
+          mma_s8<kind_of<LV> == kind::u8, kind_of<RV> == kind::u8>(c, f.a[obl], f.b[p][j]);
+        } else if constexpr (S == mma_shape::fp8) {
+          mma_fp8<kind_of<LV>, kind_of<RV>>(c, f.a[obl], f.b[p][j]);
+        } else {
+          mma<S>(c, f.a[obl], f.b[p][j]);
+          if constexpr (split_left) mma<S>(c, f.a_lo[obl], f.b[p][j]);
+          if constexpr (split_right) mma<S>(c, f.a[obl], f.b_lo[p][j]);
         }
       }
     }
   }
 
-  // A (m x k) fragment of rows m, m + 8 and columns k0.. (see the PTX ISA's fragment layouts).
-  static KK_FN void fragment_a(const Left& l, int m, int k0, int t, unsigned (&a)[4], unsigned (&lo)[4]) {
+  // The A (m x k) fragment of the 16-row block m0 (the obl-th of this SIMD-group) and columns k0..
+  // (the PTX ISA's fragment layouts: a[r] holds row g + 8 (r & 1), columns from KSTEP / 2 (r >> 1)).
+  template <class LR>
+  static KK_FN void fragment_a(const Left& l, const LR& v, int obl, int m0, int k0, int K, unsigned (&a)[4], unsigned (&lo)[4]) {
+    const int g = int(lane_id() >> 2), t = int(lane_id() & 3);
     if constexpr (is_cooperative_v<Left>) {  // mma_sync_left_input_v: elements (g, 2t), (g, 2t + 1) of each block
       using L = typename Left::layout;
+      KK_TOPS_UNROLL
       for (int r = 0; r < 4; ++r) {
-        const int ib = k0 / 8 + (r >> 1), i = ((m / 16) * L::IB + ib) * 4 + (r & 1) * 2;
+        const int ib = k0 / 8 + (r >> 1), i = (obl * L::IB + ib) * 4 + (r & 1) * 2;
         a[r] = ib < L::IB ? pack16(raw16(l.v[i]), raw16(l.v[i + 1])) : 0u;
       }
-    } else if constexpr (bytes) {
-      for (int r = 0; r < 4; ++r) {
-        const int row = m + 8 * (r & 1), k = k0 + 16 * (r >> 1) + 4 * t;
-        a[r] = pack8(byte(l, tl ? row : k, tl ? k : row), byte(l, tl ? row : k + 1, tl ? k + 1 : row),
-                     byte(l, tl ? row : k + 2, tl ? k + 2 : row), byte(l, tl ? row : k + 3, tl ? k + 3 : row));
-      }
-    } else if constexpr (S == mma_shape::tf32) {
-      for (int r = 0; r < 4; ++r) {
-        const float x = left_value<float, tl>(l, m + 8 * (r & 1), k0 + t + 4 * (r >> 1));
-        const float big = to_tf32(x);
-        a[r] = __float_as_uint(big);
-        lo[r] = __float_as_uint(to_tf32(x - big));
-      }
+      return;
     } else {
+      if constexpr (vec) {
+        if (v.inside(m0, 16, k0, KSTEP)) return rows_a(v, m0, k0, a);
+      }
+      KK_TOPS_UNROLL
       for (int r = 0; r < 4; ++r) {
-        const int row = m + 8 * (r & 1), k = k0 + 8 * (r >> 1) + 2 * t;
-        a[r] = pack16(bits(left_value<float, tl>(l, row, k)), bits(left_value<float, tl>(l, row, k + 1)));
+        const int row = m0 + g + 8 * (r & 1);
+        if constexpr (bytes) {
+          const int k = k0 + 16 * (r >> 1) + 4 * t;
+          a[r] = pack8(lbyte(l, row, k, K), lbyte(l, row, k + 1, K), lbyte(l, row, k + 2, K), lbyte(l, row, k + 3, K));
+        } else if constexpr (S == mma_shape::tf32) {
+          const float x = lvalue(l, row, k0 + t + 4 * (r >> 1), K), big = to_tf32(x);
+          a[r] = __float_as_uint(big);
+          lo[r] = __float_as_uint(to_tf32(x - big));
+        } else {
+          const int k = k0 + 8 * (r >> 1) + 2 * t;
+          a[r] = pack16(bits(lvalue(l, row, k, K)), bits(lvalue(l, row, k + 1, K)));
+        }
       }
     }
   }
-  // B (k x n) fragment of column n and rows k0..
-  static KK_FN void fragment_b(const Right& rt, int n, int k0, int t, unsigned (&b)[2], unsigned (&lo)[2]) {
-    if constexpr (bytes) {
-      for (int r = 0; r < 2; ++r) {
-        const int k = k0 + 16 * r + 4 * t;
-        b[r] = pack8(byte(rt, tr ? k : n, tr ? n : k), byte(rt, tr ? k + 1 : n, tr ? n : k + 1),
-                     byte(rt, tr ? k + 2 : n, tr ? n : k + 2), byte(rt, tr ? k + 3 : n, tr ? n : k + 3));
+  // An interior A fragment from memory rows (v.how is generic or shared).
+  template <class E, bool KC>
+  static KK_FN void rows_a(const rows_view<E, KC>& v, int m0, int k0, unsigned (&a)[4]) {
+    const int i = int(lane_id()), g = i >> 2, t = i & 3, j = i >> 3;
+    if constexpr (!(bytes && !KC)) {
+      if (v.how == fetch::shared) {  // matrix j = a[j]: rows m0 + 8 (j & 1), the (j >> 1)-th 16 bytes of k
+        ldmatrix_x4<!KC>(a, ldmatrix_row(v, m0 + 8 * (j & 1), k0 + CW * (j >> 1), i));
+        return;
       }
-    } else if constexpr (S == mma_shape::tf32) {
-      for (int r = 0; r < 2; ++r) {
-        const float x = right_value<float, tr>(rt, k0 + t + 4 * r, n);
-        const float big = to_tf32(x);
+    }
+    KK_TOPS_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      const int o = m0 + 8 * (r & 1), k = k0 + CW * (r >> 1);
+      if constexpr (KC) a[r] = load32(v.at(o + g, k + EPR * t));
+      else if constexpr (bytes) a[r] = v.bytes4(o + g, k + 4 * t);
+      else a[r] = movmatrix_trans(load32(v.at(o + 2 * t, k + g)));  // read as k rows of m, transposed
+    }
+  }
+
+  // The B (k x n) fragments of column blocks n0 and (two) n0 + 8, rows k0..
+  template <class RR>
+  static KK_FN void fragments_b(const Right& rt, const RR& v, int n0, bool two, int k0, int K, unsigned (&b)[2][2],
+                                unsigned (&lo)[2][2]) {
+    if constexpr (vec) {
+      if constexpr (!(bytes && !tr)) {
+        if (two && v.how == fetch::shared && v.inside(n0, 16, k0, KSTEP)) {  // matrix j: b[j >> 1][j & 1]
+          const int i = int(lane_id()), j = i >> 3;
+          unsigned r[4];
+          ldmatrix_x4<!tr>(r, ldmatrix_row(v, n0 + 8 * (j >> 1), k0 + CW * (j & 1), i));
+          b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
+          return;
+        }
+      }
+    }
+    fragment_b(rt, v, n0, k0, K, b[0], lo[0]);
+    if (two) fragment_b(rt, v, n0 + 8, k0, K, b[1], lo[1]);
+  }
+  // The B fragment of column block n0: b[r] holds column g, rows from KSTEP / 2 r.
+  template <class RR>
+  static KK_FN void fragment_b(const Right& rt, const RR& v, int n0, int k0, int K, unsigned (&b)[2], unsigned (&lo)[2]) {
+    const int i = int(lane_id()), g = i >> 2, t = i & 3;
+    if constexpr (vec) {
+      if (v.inside(n0, 8, k0, KSTEP)) {
+        if constexpr (!(bytes && !tr)) {
+          if (v.how == fetch::shared) {  // lanes 0..15 give the addresses: matrix j = b[j]
+            ldmatrix_x2<!tr>(b, ldmatrix_row(v, n0, k0 + CW * ((i >> 3) & 1), i));
+            return;
+          }
+        }
+        KK_TOPS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const int k = k0 + CW * r;
+          if constexpr (tr) b[r] = load32(v.at(n0 + g, k + EPR * t));
+          else if constexpr (bytes) b[r] = v.bytes4(n0 + g, k + 4 * t);
+          else b[r] = movmatrix_trans(load32(v.at(n0 + 2 * t, k + g)));  // read as k rows of n, transposed
+        }
+        return;
+      }
+    }
+    const int n = n0 + g;
+    KK_TOPS_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (bytes) {
+        const int k = k0 + 16 * r + 4 * t;
+        b[r] = pack8(rbyte(rt, k, n, K), rbyte(rt, k + 1, n, K), rbyte(rt, k + 2, n, K), rbyte(rt, k + 3, n, K));
+      } else if constexpr (S == mma_shape::tf32) {
+        const float x = rvalue(rt, k0 + t + 4 * r, n, K), big = to_tf32(x);
         b[r] = __float_as_uint(big);
         lo[r] = __float_as_uint(to_tf32(x - big));
-      }
-    } else {
-      for (int r = 0; r < 2; ++r) {
+      } else {
         const int k = k0 + 8 * r + 2 * t;
-        b[r] = pack16(bits(right_value<float, tr>(rt, k, n)), bits(right_value<float, tr>(rt, k + 1, n)));
+        b[r] = pack16(bits(rvalue(rt, k, n, K)), bits(rvalue(rt, k + 1, n, K)));
       }
     }
   }
+  // This lane's ldmatrix row address for the 8 x 8 (16-bit units) block from (o0, k0): row i % 8
+  // of o (KC: memory rows are o) or of k.
+  template <class E, bool KC>
+  static KK_FN unsigned ldmatrix_row(const rows_view<E, KC>& v, int o0, int k0, int i) {
+    return KC ? v.saddr(o0 + (i & 7), k0) : v.saddr(o0, k0 + (i & 7));
+  }
+
+  // Element reads with bounds: zero past the tensor's extents and past K.
+  static KK_FN float lvalue(const Left& l, int m, int k, int K) { return k < K ? left_value<float, tl>(l, m, k) : 0.0f; }
+  static KK_FN float rvalue(const Right& r, int k, int n, int K) { return k < K ? right_value<float, tr>(r, k, n) : 0.0f; }
+  static KK_FN int lbyte(const Left& l, int m, int k, int K) { return k < K ? byte(l, tl ? m : k, tl ? k : m) : 0; }
+  static KK_FN int rbyte(const Right& r, int k, int n, int K) { return k < K ? byte(r, tr ? k : n, tr ? n : k) : 0; }
   // The 8-bit pattern of tensor element (x, y), 0 outside (zero in every 8-bit format).
   template <class Tn> static KK_FN int byte(const Tn& t, int x, int y) {
     if (x < 0 || y < 0 || x >= int(t.get_extent(0)) || y >= int(t.get_extent(1))) return 0;
