@@ -12,6 +12,7 @@ without a GPU. Both processes share one compile cache (KERNELKIT_CACHE_DIR): a k
 one is loaded by the other.
 """
 
+import gc
 import os
 import tempfile
 
@@ -79,6 +80,12 @@ def worker(rank: int, world: int, init_method: str) -> None:
         for (name, _), a, b in zip(model.named_parameters(), parallel, single):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
         print(f"rank {rank} on {device}: DDP gradients match the one-process step: ok", flush=True)
+        # Release DDP (its reducer holds the group) and let every rank's gloo work finish before
+        # the group goes: destroyed while its worker thread still releases a finished work (which
+        # takes the GIL), the group's destructor waits for that thread with the GIL held, for ever.
+        del ddp, model
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
