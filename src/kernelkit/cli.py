@@ -296,6 +296,8 @@ def _entry_name(src: Path | None) -> str:
         return "(kernelkit CPU runtime)"
     if "PyInit__fastcall" in text:
         return "(kernelkit fast call path)"
+    if "kk_fingerprint" in text:
+        return "(kernelkit fast call path: libtorch helper)"
     m = re.search(r"custom_kernel_(\w+)", text)
     return m.group(1) if m else "?"
 

@@ -292,7 +292,10 @@ def probe_fastcall():
     if isinstance(module, str):
         return Finding("fast call path", "warn", f"not built ({module}); repeated calls take the "
                        "slower Python path", "install g++ and the Python headers (python3-dev)")
-    return Finding("fast call path", "ok", "compiled (fastcall.cpp)")
+    helper = fastcall.torch_helper()
+    if isinstance(helper, str):  # the Python-method path allocates and reads tensors instead
+        return Finding("fast call path", "ok", f"compiled (fastcall.cpp); its libtorch helper is not ({helper})")
+    return Finding("fast call path", "ok", "compiled (fastcall.cpp, and fastcall_torch.cpp against this torch)")
 
 
 def _writable(directory: Path) -> bool:
