@@ -1152,3 +1152,29 @@ def test_ceildiv(device):
     out = launch(k, device, [a, b], [(n, 3)], [torch.int64], (n, 1, 1), (128, 1, 1))[0]
     ref = [[-(-x // y), -(-x // 32), -(-(x << 20) // y)] for x, y in zip(a.cpu().tolist(), b.cpu().tolist())]
     assert out.cpu().tolist() == ref
+
+
+def test_clang_loop_pragmas(device):
+    """`#pragma clang loop unroll(...)` (the tensor-ops talk unrolls its loops over cooperative
+    tensors so) becomes the target compiler's unroll pragma; other clang loop hints are dropped."""
+    body = """
+    uint i = thread_position_in_grid.x;
+    float acc[8];
+    #pragma clang loop unroll(full)
+    for (int k = 0; k < 8; ++k) acc[k] = inp[i] * float(k);
+    float s = 0.0f;
+#pragma clang loop unroll_count(4)
+    for (int k = 0; k < 8; ++k) s += acc[k];
+    #pragma clang loop vectorize(enable) interleave(enable)
+    for (int k = 0; k < 2; ++k) s += 1.0f;
+    #pragma clang loop unroll(disable)
+    for (int k = 0; k < 3; ++k) s -= 0.5f;
+    out[i] = s;
+"""
+    k = kk.metal_kernel("clang_loop_pragmas", ["inp"], ["out"], body)
+    x = torch.randn(64, device=device)
+    out = launch(k, device, [x], [(64,)], [torch.float32], (64, 1, 1), (64, 1, 1))[0]
+    torch.testing.assert_close(out, x * 28 + 0.5)
+    source = next(iter(k._variants.values())).source
+    assert "KK_UNROLL_FULL" in source and "KK_UNROLL_COUNT(4)" in source and "KK_UNROLL_COUNT(1)" in source
+    assert "pragma clang" not in source

@@ -66,6 +66,8 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
             m = re.match(r"#\s*define\s+\w+(?:\([^)]*\))?", t.text)
             if m:  # a macro's replacement text is MSL too
                 t.text = m.group() + lower(t.text[m.end():], avoid, program_scope=False)
+            else:
+                t.text = _loop_pragma(t.text)
             continue
         if t.kind == "punct":
             depth += t.text in "{(" and len(t.text) == 1
@@ -87,6 +89,25 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
             # a template argument (`tensor<threadgroup half, ...>`) or a pointer/reference: vanishes
             template_argument = n and tokens[code[n - 1]].text in ("<", ",")
             t.text = "" if template_argument or _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
+
+
+def _loop_pragma(line: str) -> str:
+    """Clang's loop hints (`#pragma clang loop unroll(full)`, as the tensor-ops talk writes its
+    loops over cooperative tensors) as the target compiler's: a loop NVRTC leaves rolled keeps a
+    cooperative tensor indexed at run time, in local memory. Other hints (vectorize, interleave)
+    go: neither compiler reads them."""
+    m = re.match(r"#\s*pragma\s+clang\s+loop\b(.*)", line, re.S)
+    if not m:
+        return line
+    hints = dict(re.findall(r"(\w+)\s*\(\s*(\w+)\s*\)", m.group(1)))
+    unroll, count = hints.get("unroll"), hints.get("unroll_count")
+    if count is not None:
+        return f"KK_UNROLL_COUNT({count})"
+    if unroll in ("full", "enable"):
+        return "KK_UNROLL_FULL"
+    if unroll == "disable":
+        return "KK_UNROLL_COUNT(1)"
+    return ""
 
 
 def _constant(tokens: list[Token], code: list[int], n: int, program_scope: bool) -> str:

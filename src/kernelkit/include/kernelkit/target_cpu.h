@@ -29,6 +29,10 @@
 // a function-local static thread_local is per-group memory.
 #define KK_THREADGROUP static thread_local
 #define KK_PROGRAM_CONSTANT  // storage of program-scope `constant` data (the front end adds const)
+// MSL's `#pragma clang loop unroll(...)` (the front end writes these): GCC's unroll pragma
+#define KK_PRAGMA(x) _Pragma(#x)
+#define KK_UNROLL_FULL KK_PRAGMA(GCC unroll 65534)
+#define KK_UNROLL_COUNT(n) KK_PRAGMA(GCC unroll n)
 
 namespace kk {
 

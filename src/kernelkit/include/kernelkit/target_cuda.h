@@ -18,6 +18,10 @@
 #define KK_FN __device__ __forceinline__
 #define KK_THREADGROUP __shared__
 #define KK_PROGRAM_CONSTANT __constant__  // program-scope `constant` data (the front end adds const)
+// MSL's `#pragma clang loop unroll(...)` (the front end writes these): NVRTC's unroll pragmas
+#define KK_PRAGMA(x) _Pragma(#x)
+#define KK_UNROLL_FULL KK_PRAGMA(unroll)
+#define KK_UNROLL_COUNT(n) KK_PRAGMA(unroll n)
 
 namespace kk {
 

@@ -84,10 +84,20 @@ struct cooperative_tensor {
     using Other = typename kk::tops::remove_cvref_t<decltype(*it.ct)>::layout;
     static_assert(kk::tops::iterator_compatible_v<Other, Layout>,
                   "map_iterator: the cooperative tensors do not come from the same op's scope and extents");
-    int row, col;  // in the destination's (row, column) space, as every layout of one op
-    Other::at(it.idx, row, col);
-    const int i = Layout::index_of(row, col);
-    return {this, i < 0 ? capacity : i};
+    // A destination's element into its row (column) reduction: the element's row (column) slot,
+    // known from the element's index alone, so an unrolled loop indexes the reduction with
+    // constants (kept in registers, not local memory).
+    if constexpr (Other::which == kk::tops::role::destination && Layout::which == kk::tops::role::row_reduction) {
+      return {this, Other::row_slot(it.idx)};
+    } else if constexpr (Other::which == kk::tops::role::destination &&
+                         Layout::which == kk::tops::role::column_reduction) {
+      return {this, Other::col_slot(it.idx)};
+    } else {
+      int row, col;  // in the destination's (row, column) space, as every layout of one op
+      Other::at(it.idx, row, col);
+      const int i = Layout::index_of(row, col);
+      return {this, i < 0 ? capacity : i};
+    }
   }
 
   // Element by element from / to a tensor of the same rank (coordinates innermost first).
