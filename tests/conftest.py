@@ -31,6 +31,19 @@ def pytest_configure(config):
 _HOST_ONLY = [False]  # the running test is marked host_only
 
 
+@pytest.fixture
+def nvrtc():
+    """NVRTC, for tests that compile for a GPU without one (kk.compile_for); skips where NVIDIA's
+    wheels are not installed (the wheel's CI job)."""
+    try:
+        from kernelkit.backends import cuda
+        module = cuda._nvrtc()
+        cuda.cuda_include_dirs()
+    except Exception as e:  # noqa: BLE001 - any missing piece of NVIDIA's install
+        pytest.skip(f"NVRTC unavailable: {e}")
+    return module
+
+
 @pytest.fixture(autouse=True)
 def _fresh_kernels(request):
     """Each test builds its kernels anew: kernelkit keeps one kernel per constructor arguments

@@ -116,7 +116,7 @@ def test_errors():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("D", [64, 128, 256])
-def test_gpu_kernels_compile_for_sm90a(dtype, D):
+def test_gpu_kernels_compile_for_sm90a(dtype, D, nvrtc):
     """The three kernels as an H100 launches them, compiled by NVRTC without a GPU."""
     meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
     acc = torch.empty(2, 16, 256, dtype=torch.float32, device="meta")
