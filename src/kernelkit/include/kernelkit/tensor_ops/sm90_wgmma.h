@@ -442,7 +442,9 @@ __device__ __forceinline__ bool special_scale(unsigned w) {
 // also takes 0 (2^-127, subnormal) and 255 (NaN).
 template <int J, bool Exact>
 __device__ __forceinline__ float scale_of(unsigned w) {
-  const unsigned e = J < 3 ? (w << (23 - 8 * J)) & 0x7f800000u : (w >> 1) & 0x7f800000u;
+  unsigned e;
+  if constexpr (J < 3) e = (w << (23 - 8 * J)) & 0x7f800000u;
+  else e = (w >> 1) & 0x7f800000u;
   if constexpr (!Exact) {
     return __uint_as_float(e);
   } else {
