@@ -30,8 +30,11 @@ constexpr auto mul_sv_op_desc = matmul2d_descriptor(ROWS, D, BK, false, false, f
                                                     matmul2d_descriptor::mode::multiply_accumulate);
 matmul2d<mul_sv_op_desc, execution_simdgroup> mul_sv_op;
 
-auto ctQK = mul_qk_op.template get_destination_cooperative_tensor<decltype(tQSlice), decltype(tK), A>();
-using Rows = decltype(mul_qk_op.template get_row_reduction_destination_cooperative_tensor<decltype(tQSlice), decltype(tK), A>());
+// This SIMD-group's queries, read once as the left input of every tile's QK^T (in registers).
+auto ctQ = mul_qk_op.template get_left_input_cooperative_tensor<T, T, A>();
+ctQ.load(tQSlice);
+auto ctQK = mul_qk_op.template get_destination_cooperative_tensor<decltype(ctQ), decltype(tK), A>();
+using Rows = decltype(mul_qk_op.template get_row_reduction_destination_cooperative_tensor<decltype(ctQ), decltype(tK), A>());
 Rows ctRowMax, ctRowSum, ctTile;  // running max and sum of each row (log2 domain); per-tile scratch
 for (ushort i = 0; i < ctRowMax.get_capacity(); ++i) ctRowMax[i] = -INFINITY;
 auto ctO = mul_sv_op.template get_destination_cooperative_tensor<
@@ -47,7 +50,7 @@ for (int k0 = 0; k0 < kend; k0 += BK) {
   fa_stage<BK, D, THREADS>(Vs, vp + k0 * v_strides[2], v_strides[2], Sk - k0, tid);
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
-  mul_qk_op.run(tQSlice, tK, ctQK);
+  mul_qk_op.run(ctQ, tK, ctQK);
   #pragma clang loop unroll(full)
   for (auto it = ctQK.begin(); it != ctQK.end(); it++) {
     const auto idx = it.get_multidimensional_index();  // (key, query) within the tile
