@@ -73,9 +73,9 @@ def _fused(lhs, rhs, bias, out_shape, relu: bool, relaxed: bool) -> torch.Tensor
     if groups * 32 * sg >= 2**32:
         raise ValueError(f"matmul_add_relu: output {out_shape} needs {groups} threadgroups, more than "
                          "one launch takes; split the batch.")
-    if max(M, N, K) >= 2**31 or max(map(abs, (*lhs.stride(), *rhs.stride()))) >= 2**31:
-        raise ValueError(f"matmul_add_relu: matrices of {M} x {K} and {K} x {N} (or their strides) "
-                         "pass 2**31 elements; the tiles index them with 32-bit ints.")
+    if max(M, N, K) >= 2**31 or max(map(abs, (*lhs.stride(), *rhs.stride(), *bias.stride(), 0))) >= 2**31:
+        raise ValueError(f"matmul_add_relu: matrices of {M} x {K} and {K} x {N} (or their or the bias's "
+                         "strides) pass 2**31 elements; the tiles index them with 32-bit ints.")
     acc = torch.float64 if lhs.dtype == torch.float64 else torch.float32
     # Broadcasting as views (stride 0): the kernel reads every operand through its strides.
     return _kernel(inputs=[lhs.expand(*batch, M, K), rhs.expand(*batch, K, N), bias.expand(out_shape)],
