@@ -1,7 +1,8 @@
 """The talk's matmul as the issue's benchmark writes it (bench/bench_talk_matmul.py): each
 threadgroup slices its tile and runs matmul2d once over all of K, on execution_simdgroups<8> (two
 Hopper warpgroups sharing a 256 x 128 tile) and <4> (one, 128 x 128), with tiles walked in bands
-or not; sizes that are not tile multiples, output in the input type or float."""
+or not; sizes that are not tile multiples, output in the input type or float, rows that are
+whole 16-byte chunks or not."""
 
 import importlib.util
 from pathlib import Path
@@ -21,9 +22,10 @@ def _bench():
 
 @pytest.mark.parametrize("variant", ["256x128sg8b8", "256x128sg8", "128x128sg4b16"])
 @pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)])
-def test_talk_matmul(device, variant, dtype, out_dtype):
+@pytest.mark.parametrize("N", [200, 203])  # rows of whole 16-byte chunks or not (staged_io.h)
+def test_talk_matmul(device, variant, dtype, out_dtype, N):
     bench = _bench()
-    M, N, K = 300, 200, 100
+    M, K = 300, 100
     a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
     c = bench.kernel(dtype, out_dtype, variant)(**bench.call_args(a, b, out_dtype, variant))[0]
     ref = a.double() @ b.double()

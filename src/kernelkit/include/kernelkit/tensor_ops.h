@@ -14,6 +14,7 @@
 #include "tensor_ops/tensor.h"              // metal::tensor, slice
 #include "tensor_ops/descriptor.h"          // matmul2d_descriptor, execution scopes
 #include "tensor_ops/layout.h"              // which thread holds which element
+#include "tensor_ops/staged_io.h"           // a cooperative tensor to and from a tensor
 #include "tensor_ops/cooperative_tensor.h"  // metal::cooperative_tensor
 #include "tensor_ops/operands.h"            // operands as logical matrices, lane exchange
 #include "tensor_ops/loops.h"               // the loops path

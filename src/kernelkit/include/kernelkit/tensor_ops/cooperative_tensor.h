@@ -100,39 +100,18 @@ struct cooperative_tensor {
     }
   }
 
-  // Element by element from / to a tensor of the same rank (coordinates innermost first).
+  // From / to a tensor of the same rank (staged_io.h: pairs, or whole rows through shared memory).
   template <class T, class E, class D, class... Tags>
   KK_FN void load(const tensor<T, E, D, Tags...>& t) {
     static_assert(E::rank() == rank, "cooperative_tensor::load: the tensor's rank differs");
-    KK_TOPS_UNROLL
-    for (int i = 0; i < capacity; ++i) {
-      int c[2];
-      Layout::coords(i, c);
-      v[i] = Layout::is_valid(i) && inside(t, c) ? convert(element(t, c)) : ElementType();
-    }
+    kk::tops::staged_io<Layout, ElementType>::load(v, t);
   }
   template <class T, class E, class D, class... Tags>
   KK_FN void store(const tensor<T, E, D, Tags...>& t) const {
     static_assert(E::rank() == rank, "cooperative_tensor::store: the tensor's rank differs");
-    KK_TOPS_UNROLL
-    for (int i = 0; i < capacity; ++i) {
-      int c[2];
-      Layout::coords(i, c);
-      if (Layout::is_valid(i) && inside(t, c)) element(t, c) = kk::tops::convert<kk::tops::remove_const_t<T>>(v[i]);
-    }
+    kk::tops::staged_io<Layout, ElementType>::store(v, t);
   }
 
- private:
-  template <class Tn> static KK_FN bool inside(const Tn& t, const int (&c)[2]) {
-    for (int d = 0; d < rank; ++d)
-      if (c[d] < 0 || c[d] >= int(t.get_extent(d))) return false;
-    return true;
-  }
-  template <class Tn> static KK_FN auto& element(const Tn& t, const int (&c)[2]) {
-    if constexpr (rank == 1) return t(c[0]);
-    else return t(c[0], c[1]);
-  }
-  template <class X> static KK_FN ElementType convert(const X& x) { return kk::tops::convert<ElementType>(x); }
 };
 
 }  // namespace metal

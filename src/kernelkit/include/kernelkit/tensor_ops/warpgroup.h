@@ -68,6 +68,9 @@ struct warpgroup_matmul {
   using gemm = sm90::warpgroup_gemm<(shape_ok ? D.m : 64), (shape_ok ? D.n : 64),
                                     conditional_t<is_same_v<TA, void>, float, TA>, conditional_t<is_same_v<TB, void>, float, TB>, Acc,
                                     WG == 1 ? 3 : 4, WG>;
+  // The accumulators' layout: a destination cooperative tensor's (layout.h), loaded and stored
+  // through staged_io.h.
+  using dest_layout = layout<role::destination, D.m, D.n, W>;
   static constexpr bool applies = shape_ok && tensors && float_ok && !is_same_v<TA, void> && !is_same_v<TB, void> &&
                                   gemm::supported;
 
@@ -116,6 +119,8 @@ struct warpgroup_matmul {
         static_assert(Dest::capacity == gemm::acc_per_thread, "warpgroup path: the cooperative destination is not the op's");
 #pragma unroll
         for (int i = 0; i < gemm::acc_per_thread; ++i) acc[i] = accumulate ? convert<Acc>(d.v[i]) : Acc(0);
+      } else if (accumulate && !operand_traits<Dest>::scaled) {
+        staged_io<dest_layout, Acc>::load(acc, d);
       } else {
 #pragma unroll
         for (int i = 0; i < gemm::acc_per_thread; ++i) {
@@ -140,24 +145,7 @@ struct warpgroup_matmul {
 #pragma unroll
         for (int i = 0; i < gemm::acc_per_thread; ++i) d.v[i] = convert<DV>(acc[i]);
       } else {
-        // Accumulators 2j, 2j + 1 are columns col, col + 1 (col even) of a row: one store of both
-        // where the destination's columns are contiguous and pairs aligned.
-        struct alignas(2 * sizeof(DV)) pair { DV x, y; };
-        const int m_in = min_int(D.m, int(d.get_extent(1))), n_in = min_int(D.n, int(d.get_extent(0)));
-        const bool pairs = d.get_stride(0) == 1 && (d.get_stride(1) & 1) == 0 &&
-                           reinterpret_cast<unsigned long long>(d.data()) % sizeof(pair) == 0;
-#pragma unroll
-        for (int i = 0; i < gemm::acc_per_thread; i += 2) {
-          int row, col;
-          gemm::coord(i, t, row, col);
-          if (row >= m_in) continue;
-          if (pairs && col + 1 < n_in) {
-            *reinterpret_cast<pair*>(&d(col, row)) = pair{convert<DV>(acc[i]), convert<DV>(acc[i + 1])};
-          } else {
-            if (col < n_in) d(col, row) = convert<DV>(acc[i]);
-            if (col + 1 < n_in) d(col + 1, row) = convert<DV>(acc[i + 1]);
-          }
-        }
+        staged_io<dest_layout, Acc>::store(acc, d);
       }
     }
   }
