@@ -278,6 +278,7 @@ def test_empty_like_of_an_expanded_prototype_is_contiguous(shape):
 
 def test_without_the_extension_plans_run_in_python(device, monkeypatch):
     """No C++ compiler or Python headers: the same key and plans, computed in Python."""
+    fastcall.module().set_call()  # Kernel's own tp_call (the next plan made puts fastcall's back)
     monkeypatch.setattr(fastcall, "_result", "no compiler (simulated)")
     monkeypatch.setattr(kernel, "_fast_call", kernel._python_call)
     if device.type == "cuda":
@@ -291,6 +292,88 @@ def test_without_the_extension_plans_run_in_python(device, monkeypatch):
     assert isinstance(plan.__self__, kernel._Plan)
     with pytest.raises(ValueError, match="output_shapes"):
         _call(k, x, shape=(-1,))
+
+
+def test_plain_calls_with_a_plan_skip_the_python_call(device, monkeypatch):
+    """Once fastcall is loaded, Kernel's tp_call runs a plain call's plan in C (none of
+    __call__'s Python), and hands every other call to the Python __call__, which Dynamo traces."""
+    k = _kernel()
+    x = torch.randn(32, device=device)
+    _call(k, x), _call(k, x)
+    assert type(k).__call__ is kernel.Kernel.__dict__["__call__"]  # what Dynamo inlines
+    taken = []
+    monkeypatch.setattr(kernel, "_is_compiling", lambda: taken.append(1) or False)
+    torch.testing.assert_close(_call(k, x), x * 2 + 1)
+    torch.testing.assert_close(_call(k, x, stream=None, verbose=False, init_value=None, timeout=None,
+                                     check_bounds=None, ensure_row_contiguous=None), x * 2 + 1)
+    assert not taken
+    for extra in ({"init_value": 0}, {"verbose": 0}, {"ensure_row_contiguous": True}):
+        torch.testing.assert_close(_call(k, x, **extra), x * 2 + 1)
+        assert len(taken) == 1
+        taken.clear()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'grids'"):
+        k(inputs=[x, 2.0, 1], grids=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(32,)],
+          output_dtypes=[torch.float32], template=[("T", torch.float32)])
+    with pytest.raises(TypeError, match="positional"):
+        k([x, 2.0, 1])
+
+
+@pytest.mark.filterwarnings("ignore:.*not differentiable")
+def test_the_last_plan_runs_only_for_its_key(device, lent):
+    """fastcall's tp_call runs the plan a kernel ran last where a call's key arguments read the
+    same (by value, fingerprint or identity): a tensor changed in place, another scalar type or
+    template value, a new grid find their own plan or the general path."""
+    k = _kernel()
+    x = torch.randn(4, 8, device=device)
+    for s, b, dtype, grid in [(2.0, 1, torch.float32, 32)] * 3 + [(2, 1, torch.float32, 32)] * 3 + [
+            (2.0, True, torch.float32, 32), (2.0, 1, torch.float16, 32), (2.0, 1, torch.float32, 16),
+            (2.0, 1, torch.float32, 32)]:
+        out = k(inputs=[x, s, b], grid=(grid, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(32,)],
+                output_dtypes=[dtype], template=[("T", dtype)])[0]
+        assert out.dtype == dtype
+        torch.testing.assert_close(out[:grid].float(), (x.reshape(-1) * s + b)[:grid], rtol=1e-3, atol=1e-3)
+    x.t_()  # the same tensor, no longer contiguous: copied by the general path every time
+    for _ in range(3):
+        torch.testing.assert_close(_call(k, x), x.contiguous().reshape(-1) * 2 + 1)
+    x.t_()
+    y = x.clone().requires_grad_()
+    for t in (x, y, x, y):
+        torch.testing.assert_close(_call(k, t), x.reshape(-1) * 2 + 1)
+    assert len(k._plans) == 3  # (float, int), (int, int) and the grid of 16 came again: each a plan
+
+
+def test_plain_calls_take_the_op_while_torch_compiles(device, monkeypatch):
+    """torch.compiler.is_compiling() (non-strict export sets it in eager code) sends a plain call
+    with a plan to the op as before, never to the plan."""
+    k = _kernel()
+    x = torch.randn(32, device=device)
+    _call(k, x), _call(k, x)
+    ops = []
+    monkeypatch.setattr(kernel.Kernel, "_op_call", lambda self, *a: ops.append(a) or ["op"])
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert _call(k, x) == "op" and len(ops) == 1
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+    torch.testing.assert_close(_call(k, x), x * 2 + 1)
+    assert len(ops) == 1
+
+
+def test_plans_launch_on_torchs_current_stream(device):
+    """A plan reads torch's current stream at each call (its id in C++, the handle kept per id):
+    work queued on that stream before the call is seen, whichever stream was current before."""
+    if device.type != "cuda":
+        pytest.skip("streams are CUDA's")
+    k = _kernel()
+    x = torch.zeros(1 << 16, device=device)
+    _call(k, x), _call(k, x)
+    side, other = torch.cuda.Stream(), torch.cuda.Stream()
+    for i, s in enumerate([side, torch.cuda.current_stream(), side, other, side,
+                           torch.cuda.current_stream()]):
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(20_000_000)  # the stream busy: a launch on another would not wait
+            x.fill_(float(i))
+            out = _call(k, x)
+        s.synchronize()
+        assert out.eq(2 * i + 1).all(), i
 
 
 def test_a_plan_refuses_too_few_inputs_or_outputs():

@@ -107,25 +107,29 @@ struct Torch {
   PyObject* (*fingerprint)(PyObject* tensor);
   int64_t (*view)(PyObject* tensor, void** data, const int64_t** sizes, const int64_t** strides);
   PyObject* (*empty)(PyObject* prototype, const int64_t* sizes, int64_t ndim);
+  int (*stream)(int64_t index, int64_t* id);
+  int64_t (*signature)(PyObject* tensor);
 };
 const Torch* lent_torch = nullptr;
 
-// set_torch(fingerprint, view, empty): the addresses of fastcall_torch.cpp's functions;
+// set_torch(fingerprint, view, empty, stream, signature): the addresses of fastcall_torch.cpp's functions;
 // set_torch(): none (the Python methods again).
 PyObject* set_torch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs == 0) {
     lent_torch = nullptr;
     Py_RETURN_NONE;
   }
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "set_torch expects 3 function addresses, or none");
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "set_torch expects 5 function addresses, or none");
     return nullptr;
   }
   Torch api{reinterpret_cast<decltype(Torch::fingerprint)>(as_pointer(args[0])),
             reinterpret_cast<decltype(Torch::view)>(as_pointer(args[1])),
-            reinterpret_cast<decltype(Torch::empty)>(as_pointer(args[2]))};
+            reinterpret_cast<decltype(Torch::empty)>(as_pointer(args[2])),
+            reinterpret_cast<decltype(Torch::stream)>(as_pointer(args[3])),
+            reinterpret_cast<decltype(Torch::signature)>(as_pointer(args[4]))};
   if (PyErr_Occurred()) return nullptr;
-  if (!api.fingerprint || !api.view || !api.empty) {
+  if (!api.fingerprint || !api.view || !api.empty || !api.stream || !api.signature) {
     PyErr_SetString(PyExc_ValueError, "set_torch: a null function address");
     return nullptr;
   }
@@ -163,9 +167,18 @@ struct Plan {
   PyObject* shape_type;   // torch.Size
   PyObject* stream;       // stream(index) -> torch's current raw stream
   PyObject* index;        // the device index, a Python int
+  long device = 0;        // the same
+  // The stream handle of the last stream id fastcall_torch read (see current_stream).
+  bool stream_known = false;
+  int64_t stream_id = 0;
+  void* stream_handle = nullptr;
   PyObject* prepare;      // per output: None, or prepare(tensor) for each new one (fill, poison)
   PyObject* failed;       // failed(CUresult): raises
   Py_ssize_t n_inputs = 0, n_outputs = 0;  // the sequences' least lengths the fields read
+  // The words (see Words) of the first call that found this plan by its key, and the objects
+  // whose identities are among them, held so that no other object takes their address.
+  std::vector<intptr_t> signature;
+  std::vector<PyObject*> held;
 };
 
 PyObject* str_new_empty = nullptr;
@@ -185,6 +198,7 @@ void destroy(Plan* plan) {
   Py_XDECREF(plan->index);
   Py_XDECREF(plan->prepare);
   Py_XDECREF(plan->failed);
+  for (PyObject* p : plan->held) Py_DECREF(p);
   delete plan;
 }
 
@@ -228,6 +242,7 @@ PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_INCREF(args[6 + i]);
     *refs[i] = args[6 + i];
   }
+  plan->device = PyLong_AsLong(plan->index);
   for (const Field& f : plan->fields) {  // run() and pack() check their sequences against these
     Py_ssize_t& n = f.kind == OUTPUT_POINTER ? plan->n_outputs : plan->n_inputs;
     n = std::max(n, Py_ssize_t(f.index) + 1);
@@ -350,16 +365,16 @@ bool fill_field(const Torch* api, const Field& f, PyObject* inputs, PyObject* ou
   return false;
 }
 
-// The plan's argument block filled from these inputs (a fast sequence) and outputs (a list).
-bool pack_block(const Torch* api, const Plan* plan, PyObject* inputs, PyObject* outputs,
-                std::vector<char>& block) {
+// The plan's argument block filled from these inputs (a fast sequence) and outputs (a list),
+// into `block` (plan->block.size() bytes).
+bool pack_block(const Torch* api, const Plan* plan, PyObject* inputs, PyObject* outputs, char* block) {
   if (PySequence_Fast_GET_SIZE(inputs) < plan->n_inputs || PyList_GET_SIZE(outputs) < plan->n_outputs) {
     PyErr_SetString(PyExc_ValueError, "kernelkit plan: fewer inputs or outputs than the kernel's");
     return false;
   }
-  block = plan->block;
+  std::memcpy(block, plan->block.data(), plan->block.size());
   for (const Field& f : plan->fields)
-    if (!fill_field(api, f, inputs, outputs, block.data())) return false;
+    if (!fill_field(api, f, inputs, outputs, block)) return false;
   return true;
 }
 
@@ -373,8 +388,8 @@ PyObject* pack(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (plan == nullptr) return nullptr;
   PyObject* inputs = PySequence_Fast(args[1], "inputs");
   if (inputs == nullptr) return nullptr;
-  std::vector<char> block;
-  bool ok = pack_block(lent_torch, plan, inputs, args[2], block);
+  std::vector<char> block(plan->block.size());
+  bool ok = pack_block(lent_torch, plan, inputs, args[2], block.data());
   Py_DECREF(inputs);
   return ok ? PyBytes_FromStringAndSize(block.data(), static_cast<Py_ssize_t>(block.size())) : nullptr;
 }
@@ -392,10 +407,24 @@ PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return plan ? run_plan(plan, args[1], args[2]) : nullptr;
 }
 
+// An output shape's dims: in place up to 8 (a heap allocation costs a call ~50 ns).
+struct Dims {
+  int64_t local[8];
+  std::vector<int64_t> heap;
+  int64_t* data = local;
+  Py_ssize_t size = 0;
+  void resize(Py_ssize_t n) {
+    size = n;
+    if (n > 8) heap.resize(n);
+    data = n > 8 ? heap.data() : local;
+  }
+  bool has_zero() const { return std::find(data, data + size, 0) != data + size; }
+};
+
 // An output shape's dims, where it is a tuple or torch.Size of non-negative Python ints; false,
 // with no error set, for anything else: the general path converts it (NumPy integers) or says
 // what is wrong.
-bool read_shape(const Plan* plan, PyObject* shape, std::vector<int64_t>& dims) {
+bool read_shape(const Plan* plan, PyObject* shape, Dims& dims) {
   if (!PyTuple_CheckExact(shape) && Py_TYPE(shape) != reinterpret_cast<PyTypeObject*>(plan->shape_type))
     return false;
   Py_ssize_t n = PyTuple_GET_SIZE(shape);  // torch.Size is a tuple
@@ -403,8 +432,8 @@ bool read_shape(const Plan* plan, PyObject* shape, std::vector<int64_t>& dims) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* d = PyTuple_GET_ITEM(shape, i);
     int overflow = 0;
-    dims[i] = PyLong_CheckExact(d) ? PyLong_AsLongLongAndOverflow(d, &overflow) : -1;
-    if (overflow || dims[i] < 0) {
+    dims.data[i] = PyLong_CheckExact(d) ? PyLong_AsLongLongAndOverflow(d, &overflow) : -1;
+    if (overflow || dims.data[i] < 0) {
       PyErr_Clear();
       return false;
     }
@@ -415,7 +444,7 @@ bool read_shape(const Plan* plan, PyObject* shape, std::vector<int64_t>& dims) {
 // A new output through torch's Python methods (without fastcall_torch.cpp): empty_like of the
 // prototype expanded to the shape, kept from the last call, when the shape is that call's
 // (torch's quickest allocation from Python, ~1 us less than new_empty); else new_empty.
-PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const std::vector<int64_t>& dims) {
+PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const Dims& dims) {
   // Strong references: torch releases the GIL, and another thread's call may replace them.
   PyObject* last = Py_XNewRef(plan->last_shape[i]);
   PyObject* cached = Py_XNewRef(plan->shaped[i]);
@@ -428,7 +457,7 @@ PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const std::vecto
   // A stride-0 view of 2+ elements is not dense, so empty_like gives it contiguous strides (of 0
   // or 1 element it would keep the view's zero strides: not worth caching).
   int64_t numel = 1;
-  for (int64_t d : dims) numel *= d;
+  for (Py_ssize_t d = 0; d < dims.size; ++d) numel *= dims.data[d];
   if (out == nullptr || numel < 2) return out;
   PyObject* shaped = PyObject_CallMethodOneArg(plan->prototypes[i], str_expand, shape);
   if (shaped == nullptr) {
@@ -440,6 +469,31 @@ PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const std::vecto
   return out;
 }
 
+// torch's current stream on the plan's device. fastcall_torch reads its id in C++ (~0.2 us less
+// than the Python call), and the handle of the id the plan saw last is kept: an id's handle
+// never changes (torch makes its stream pools once; an external stream's id is its handle). The
+// Python call where the id is another, or without fastcall_torch.
+bool current_stream(const Torch* api, Plan* plan, void** stream) {
+  int64_t id = 0;
+  bool read = api != nullptr && api->stream(plan->device, &id) == 0;
+  if (!read) PyErr_Clear();  // fastcall_torch could not say: the Python call says why
+  if (read && plan->stream_known && id == plan->stream_id) {
+    *stream = plan->stream_handle;
+    return true;
+  }
+  PyObject* handle = PyObject_CallOneArg(plan->stream, plan->index);
+  if (handle == nullptr) return false;
+  *stream = PyLong_AsVoidPtr(handle);
+  Py_DECREF(handle);
+  if (PyErr_Occurred()) return false;
+  if (read) {
+    plan->stream_known = true;
+    plan->stream_id = id;
+    plan->stream_handle = *stream;
+  }
+  return true;
+}
+
 PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
   if (launch_kernel == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "kernelkit's CUDA launcher has no driver entry points");
@@ -449,11 +503,11 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
   Py_ssize_t n = static_cast<Py_ssize_t>(plan->prototypes.size());
   if (!(PyList_CheckExact(shapes) || PyTuple_CheckExact(shapes)) || PySequence_Fast_GET_SIZE(shapes) != n)
     Py_RETURN_NONE;
-  std::vector<int64_t> dims;
+  Dims dims;
   bool all_empty = n > 0;  // then the general path makes the outputs and runs no kernel
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (!read_shape(plan, PySequence_Fast_GET_ITEM(shapes, i), dims)) Py_RETURN_NONE;
-    all_empty = all_empty && std::find(dims.begin(), dims.end(), 0) != dims.end();
+    all_empty = all_empty && dims.has_zero();
   }
   if (all_empty) Py_RETURN_NONE;
   PyObject* inputs = PySequence_Fast(inputs_arg, "inputs");
@@ -466,7 +520,7 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* shape = PySequence_Fast_GET_ITEM(shapes, i);
     read_shape(plan, shape, dims);  // true: checked above
-    PyObject* out = api ? api->empty(plan->prototypes[i], dims.data(), static_cast<int64_t>(dims.size()))
+    PyObject* out = api ? api->empty(plan->prototypes[i], dims.data, static_cast<int64_t>(dims.size))
                         : new_output(plan, i, shape, dims);
     if (out == nullptr) goto fail;
     PyList_SET_ITEM(outputs, i, out);
@@ -478,7 +532,10 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
     }
   }
   {
-    std::vector<char> block;
+    // The block on the stack where it fits (the usual), on the heap else (up to 32 KB on sm_90).
+    alignas(16) char local[1024];
+    std::vector<char> heap(plan->block.size() > sizeof local ? plan->block.size() : 0);
+    char* block = heap.empty() ? local : heap.data();
     if (!pack_block(api, plan, inputs, outputs, block)) {
       if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
       PyErr_Clear();  // a Python int beyond int32: the general path says so
@@ -486,12 +543,9 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
       Py_DECREF(inputs);
       Py_RETURN_NONE;
     }
-    PyObject* stream_obj = PyObject_CallOneArg(plan->stream, plan->index);
-    if (stream_obj == nullptr) goto fail;
-    void* stream = PyLong_AsVoidPtr(stream_obj);
-    Py_DECREF(stream_obj);
-    if (PyErr_Occurred()) goto fail;
-    void* params[1] = {block.data()};
+    void* stream;
+    if (!current_stream(api, plan, &stream)) goto fail;
+    void* params[1] = {block};
     CUresult err = launch_in_context(plan->fn, plan->ctx, plan->dims, stream, params);
     if (err != 0) {
       PyObject* code = PyLong_FromLong(err);
@@ -641,21 +695,17 @@ PyObject* key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return k ? k : Py_NewRef(Py_None);
 }
 
-// call(plans, inputs, output_shapes, output_dtypes, grid, threadgroup, template) -> the outputs
-// (a list) when `plans` has a plan for these arguments and it ran; else the key to store the
-// general path's plan under, or None where the arguments give no key.
-PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 7 || !PyDict_CheckExact(args[0])) {
-    PyErr_SetString(PyExc_TypeError, "call expects (plans: dict, inputs, output_shapes, "
-                                     "output_dtypes, grid, threadgroup, template)");
-    return nullptr;
-  }
-  PyObject* k = plan_key(args[1], args[3], args[4], args[5], args[6]);
+// The outputs of the plan in `plans` (a dict) for a call's arguments where it has one and it
+// ran (a list); else the key to store the general path's plan under, or None where the
+// arguments give no key.
+PyObject* call_plan(PyObject* plans, PyObject* inputs, PyObject* shapes, PyObject* dtypes,
+                    PyObject* grid, PyObject* group, PyObject* templ, PyObject** found = nullptr) {
+  PyObject* k = plan_key(inputs, dtypes, grid, group, templ);
   if (k == nullptr) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_NONE;
   }
-  PyObject* plan = PyDict_GetItemWithError(args[0], k);  // borrowed
+  PyObject* plan = PyDict_GetItemWithError(plans, k);  // borrowed
   if (plan == nullptr) {
     if (!PyErr_Occurred()) return k;
     if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -667,12 +717,13 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
   }
   Py_INCREF(plan);
+  if (found != nullptr) *found = Py_NewRef(plan);  // the dict may drop it meanwhile
   PyObject* out;
   if (PyCapsule_CheckExact(plan)) {
     auto* p = static_cast<Plan*>(PyCapsule_GetPointer(plan, "kernelkit.plan"));
-    out = p ? run_plan(p, args[1], args[2]) : nullptr;
+    out = p ? run_plan(p, inputs, shapes) : nullptr;
   } else {
-    out = PyObject_CallFunctionObjArgs(plan, args[1], args[2], nullptr);
+    out = PyObject_CallFunctionObjArgs(plan, inputs, shapes, nullptr);
   }
   Py_DECREF(plan);
   if (out == Py_None) {
@@ -681,6 +732,210 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   Py_DECREF(k);
   return out;
+}
+
+// call(plans, inputs, output_shapes, output_dtypes, grid, threadgroup, template): call_plan.
+PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7 || !PyDict_CheckExact(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "call expects (plans: dict, inputs, output_shapes, "
+                                     "output_dtypes, grid, threadgroup, template)");
+    return nullptr;
+  }
+  return call_plan(args[0], args[1], args[2], args[3], args[4], args[5], args[6]);
+}
+
+// --- Kernel.__call__'s fast path in C ---------------------------------------------------------
+//
+// CPython calls an instance of a Python class through its type's tp_call, slot_tp_call: the
+// keywords made into a dict, the dict unpacked again for __call__, its frame and keyword binding,
+// torch.compiler.is_compiling(), then fastcall's call: ~0.6 us of a repeated call's host time on
+// an H100 host. set_call puts kernel_call in Kernel's tp_call: a plain call (no stream, verbose,
+// init_value...) whose plan there is runs here, and every other call goes on to the Python
+// __call__, as before. Dynamo reads the class's __call__ (the Python function), never tp_call,
+// so it traces what it traced. Subclasses of Kernel keep slot_tp_call (theirs is their own).
+
+PyTypeObject* kernel_type = nullptr;   // Kernel while kernel_call is its tp_call
+ternaryfunc python_tp_call = nullptr;  // Kernel's own tp_call (slot_tp_call), put back by set_call()
+PyObject* python_call = nullptr;       // Kernel.__call__, the Python function
+PyObject* compiler = nullptr;          // torch.compiler
+
+PyObject *str_inputs, *str_output_shapes, *str_output_dtypes, *str_grid, *str_threadgroup,
+    *str_template, *str_init_value, *str_verbose, *str_stream, *str_ensure_row_contiguous,
+    *str_check_bounds, *str_timeout, *str_plans, *str_last_plan, *str_compiling;
+
+// A plain call's key arguments as words, compared with those of the call that last ran a plan
+// (its kernel's _last_plan) in place of the key (~0.3 us: a tuple of tuples made and hashed, on
+// an H100 host): grid and threadgroup, tuples of Python ints, by value; each input's
+// fingerprint (fastcall_torch's, for a torch.Tensor) or type; the output dtypes and the
+// template's items by identity, as identical objects are equal. Each count comes before what it
+// counts, and a tensor's word after a 0 (a type's address is never 0), so equal words are equal
+// keys. Other arguments (a list grid...) have no words: the key's way.
+struct Words {
+  static constexpr int N = 64;
+  intptr_t word[N];
+  PyObject* object[N];  // those whose identity is a word (borrowed)
+  int n = 0, n_objects = 0;
+  bool put(intptr_t w) {
+    if (n == N) return false;
+    word[n++] = w;
+    return true;
+  }
+  bool put_object(PyObject* o) {
+    if (n_objects == N || !put(reinterpret_cast<intptr_t>(o))) return false;
+    object[n_objects++] = o;
+    return true;
+  }
+  bool put_dims(PyObject* d) {
+    if (!PyTuple_CheckExact(d) || !put(PyTuple_GET_SIZE(d))) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(d); ++i) {
+      PyObject* v = PyTuple_GET_ITEM(d, i);
+      int overflow = 0;
+      if (!PyLong_CheckExact(v)) return false;
+      long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow || (x == -1 && PyErr_Occurred()) || !put(static_cast<intptr_t>(x))) {
+        PyErr_Clear();
+        return false;
+      }
+    }
+    return true;
+  }
+  bool read(const Torch* api, PyObject* inputs, PyObject* dtypes, PyObject* grid, PyObject* group,
+            PyObject* templ) {
+    if (!(PyList_CheckExact(inputs) || PyTuple_CheckExact(inputs)) ||
+        !(PyList_CheckExact(dtypes) || PyTuple_CheckExact(dtypes)) || !put_dims(grid) || !put_dims(group))
+      return false;
+    if (templ == Py_None) {
+      if (!put(-1)) return false;
+    } else {
+      if (!(PyList_CheckExact(templ) || PyTuple_CheckExact(templ)) || !put(PySequence_Fast_GET_SIZE(templ)))
+        return false;
+      for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(templ); ++i) {
+        PyObject* pair = PySequence_Fast_GET_ITEM(templ, i);
+        if (!(PyList_CheckExact(pair) || PyTuple_CheckExact(pair)) || !put(PySequence_Fast_GET_SIZE(pair)))
+          return false;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(pair); ++j)
+          if (!put_object(PySequence_Fast_GET_ITEM(pair, j))) return false;
+      }
+    }
+    if (!put(PySequence_Fast_GET_SIZE(inputs))) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(inputs); ++i) {
+      PyObject* x = PySequence_Fast_GET_ITEM(inputs, i);
+      bool ok = Py_TYPE(x) == reinterpret_cast<PyTypeObject*>(tensor_type)
+                    ? put(0) && put(static_cast<intptr_t>(api->signature(x)))
+                    : put_object(reinterpret_cast<PyObject*>(Py_TYPE(x)));
+      if (!ok) return false;
+    }
+    if (!put(PySequence_Fast_GET_SIZE(dtypes))) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(dtypes); ++i)
+      if (!put_object(PySequence_Fast_GET_ITEM(dtypes, i))) return false;
+    return true;
+  }
+  bool signs(const Plan* plan) const {
+    return plan->signature.size() == size_t(n) &&
+           std::memcmp(plan->signature.data(), word, n * sizeof(intptr_t)) == 0;
+  }
+};
+
+// The outputs of a plain call that has a plan (a list); nullptr, with no error set, where the
+// Python __call__ takes it.
+PyObject* plain_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) != 0 || kwargs == nullptr) return nullptr;
+  // torch.compiler.is_compiling() is this flag (Dynamo folds the call; non-strict export sets it)
+  PyObject* compiling = PyObject_GetAttr(compiler, str_compiling);
+  Py_XDECREF(compiling);
+  if (compiling != Py_False) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject *inputs = nullptr, *shapes = nullptr, *dtypes = nullptr, *grid = nullptr, *group = nullptr;
+  PyObject *templ = Py_None, *name, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(kwargs, &pos, &name, &value)) {  // names are interned where code spells them
+    if (name == str_inputs) inputs = value;
+    else if (name == str_output_shapes) shapes = value;
+    else if (name == str_output_dtypes) dtypes = value;
+    else if (name == str_grid) grid = value;
+    else if (name == str_threadgroup) group = value;
+    else if (name == str_template) templ = value;
+    else if (!(value == Py_None && (name == str_init_value || name == str_stream ||
+                                    name == str_ensure_row_contiguous || name == str_check_bounds ||
+                                    name == str_timeout || name == str_verbose)) &&
+             !(value == Py_False && name == str_verbose))
+      return nullptr;  // an init_value, a stream..., or a name to say is wrong
+  }
+  if (!inputs || !shapes || !dtypes || !grid || !group) return nullptr;
+  const Torch* api = lent_torch;
+  Words words;
+  bool signed_call = api != nullptr && words.read(api, inputs, dtypes, grid, group, templ);
+  if (signed_call) {  // the plan the last call ran, where this call has its words
+    PyObject* last = PyObject_GetAttr(self, str_last_plan);
+    auto* plan = last && PyCapsule_CheckExact(last)
+                     ? static_cast<Plan*>(PyCapsule_GetPointer(last, "kernelkit.plan")) : nullptr;
+    PyObject* out = plan && words.signs(plan) ? run_plan(plan, inputs, shapes) : nullptr;
+    Py_XDECREF(last);
+    if (out != nullptr || PyErr_Occurred()) {
+      if (out != Py_None) return out;
+      Py_DECREF(out);
+      return nullptr;
+    }
+  }
+  PyObject* plans = PyObject_GetAttr(self, str_plans);
+  if (plans == nullptr || !PyDict_CheckExact(plans)) {
+    Py_XDECREF(plans);
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* found = nullptr;
+  PyObject* out = call_plan(plans, inputs, shapes, dtypes, grid, group, templ, &found);
+  if (out != nullptr && PyList_CheckExact(out) && signed_call && found && PyCapsule_CheckExact(found)) {
+    auto* plan = static_cast<Plan*>(PyCapsule_GetPointer(found, "kernelkit.plan"));
+    if (plan->signature.empty()) {  // the words of this plan's key: the first call's
+      plan->signature.assign(words.word, words.word + words.n);
+      for (int i = 0; i < words.n_objects; ++i) plan->held.push_back(Py_NewRef(words.object[i]));
+    }
+    if (words.signs(plan) && PyObject_SetAttr(self, str_last_plan, found) < 0) Py_CLEAR(out);
+  }
+  Py_XDECREF(found);
+  Py_DECREF(plans);
+  if (out == nullptr || PyList_CheckExact(out)) return out;
+  Py_DECREF(out);  // a key: the general path makes the plan (its Python __call__ finds the key)
+  return nullptr;
+}
+
+PyObject* kernel_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  PyObject* out = plain_call(self, args, kwargs);
+  if (out != nullptr || PyErr_Occurred()) return out;
+  Py_ssize_t n = PyTuple_GET_SIZE(args);  // Kernel.__call__(self, *args, **kwargs)
+  std::vector<PyObject*> stack(n + 1);
+  stack[0] = self;
+  for (Py_ssize_t i = 0; i < n; ++i) stack[i + 1] = PyTuple_GET_ITEM(args, i);
+  return PyObject_VectorcallDict(python_call, stack.data(), static_cast<size_t>(n + 1), kwargs);
+}
+
+// set_call(Kernel, Kernel.__call__, torch.compiler): kernel_call becomes Kernel's tp_call;
+// set_call(): Kernel's own again (for tests).
+PyObject* set_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs == 0) {
+    if (kernel_type != nullptr && kernel_type->tp_call == kernel_call) kernel_type->tp_call = python_tp_call;
+    Py_RETURN_NONE;
+  }
+  if (nargs != 3 || !PyType_Check(args[0]) || !PyFunction_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "set_call expects (Kernel, Kernel.__call__, torch.compiler), or nothing");
+    return nullptr;
+  }
+  auto* type = reinterpret_cast<PyTypeObject*>(args[0]);
+  if (kernel_type != nullptr && kernel_type != type) {
+    PyErr_SetString(PyExc_ValueError, "set_call: another Kernel class");
+    return nullptr;
+  }
+  if (type->tp_call != kernel_call) {
+    python_tp_call = type->tp_call;
+    Py_XSETREF(kernel_type, reinterpret_cast<PyTypeObject*>(Py_NewRef(args[0])));
+    Py_XSETREF(python_call, Py_NewRef(args[1]));
+    Py_XSETREF(compiler, Py_NewRef(args[2]));
+    type->tp_call = kernel_call;
+  }
+  Py_RETURN_NONE;
 }
 
 PyMethodDef methods[] = {
@@ -701,6 +956,8 @@ PyMethodDef methods[] = {
      "The argument block a prepared call would launch with."},
     {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)), METH_FASTCALL,
      "Allocate the outputs, pack and launch a prepared call; None: take the general path."},
+    {"set_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_call)), METH_FASTCALL,
+     "Run Kernel's plain calls in C (its tp_call), or no longer."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -719,5 +976,13 @@ extern "C" PyMODINIT_FUNC PyInit__fastcall() {
   str_stride = PyUnicode_InternFromString("stride");
   str_shape = PyUnicode_InternFromString("shape");
   str_dim = PyUnicode_InternFromString("dim");
+  PyObject** names[] = {&str_inputs, &str_output_shapes, &str_output_dtypes, &str_grid,
+                        &str_threadgroup, &str_template, &str_init_value, &str_verbose, &str_stream,
+                        &str_ensure_row_contiguous, &str_check_bounds, &str_timeout, &str_plans,
+                        &str_last_plan, &str_compiling};
+  const char* spelled[] = {"inputs", "output_shapes", "output_dtypes", "grid", "threadgroup",
+                           "template", "init_value", "verbose", "stream", "ensure_row_contiguous",
+                           "check_bounds", "timeout", "_plans", "_last_plan", "_is_compiling_flag"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) *names[i] = PyUnicode_InternFromString(spelled[i]);
   return PyModule_Create(&module);
 }

@@ -154,7 +154,8 @@ def _lend_torch(mod):
 def addresses(helper) -> tuple[int, ...]:
     """What set_torch takes: the addresses of fastcall_torch's functions in its loaded library."""
     return tuple(ctypes.cast(getattr(helper, name), ctypes.c_void_p).value
-                 for name in ("kk_fingerprint", "kk_view", "kk_empty"))
+                 for name in ("kk_fingerprint", "kk_view", "kk_empty", "kk_stream",
+                              "kk_signature"))
 
 
 def _extension(path: str):

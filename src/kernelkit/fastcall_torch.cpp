@@ -7,8 +7,8 @@
 // need the installed torch's headers and C++ ABI, which change with each release, so
 // fastcall.py builds this file at run time against that torch (as torch's own extensions are
 // built) and keeps it in the compile cache. Nothing here is CUDA's, so the same file builds
-// against a CPU-only torch. (The current stream stays torch._C._cuda_getCurrentRawStream, one
-// cheap Python call: c10's device-neutral Stream::native_handle is not CUDA's in every torch.)
+// against a CPU-only torch: the current stream is read as its id through c10's device-neutral
+// API (its native handle is not CUDA's in every torch), which fastcall.cpp maps to the handle.
 //
 // Every function is called with the GIL held; one that fails returns its failure value with a
 // Python exception set (torch's own, through HANDLE_TH_ERRORS: an out-of-memory stays
@@ -19,6 +19,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -114,4 +115,27 @@ KK_EXPORT PyObject* kk_empty(PyObject* prototype, const int64_t* sizes, int64_t 
   if (!unpack(prototype, &p)) return nullptr;
   return THPVariable_Wrap(new_like(*p, c10::IntArrayRef(sizes, static_cast<size_t>(ndim))));
   END_HANDLE_TH_ERRORS
+}
+
+// The id of torch's current stream on CUDA device `index`, as c10 numbers streams (what
+// torch.cuda.current_stream(index).stream_id says): 0, or -1 with an exception set.
+KK_EXPORT int kk_stream(int64_t index, int64_t* id) {
+  HANDLE_TH_ERRORS
+  const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+  *id = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).id();
+  return 0;
+  END_HANDLE_TH_ERRORS_RET(-1)
+}
+
+// A tensor's fingerprint (kk_fingerprint's) in one word, for fastcall.cpp to compare with the
+// last call's: dtype, device type and index, requires_grad, is_contiguous() and dim(). The
+// tensor is a torch.Tensor (fastcall.cpp checks its type).
+KK_EXPORT int64_t kk_signature(PyObject* o) {
+  const at::Tensor& t = THPVariable_Unpack(o);
+  const c10::Device device = t.device();
+  return static_cast<int64_t>(static_cast<uint8_t>(t.scalar_type())) |
+         static_cast<int64_t>(static_cast<uint8_t>(device.type())) << 8 |
+         static_cast<int64_t>(static_cast<uint8_t>(device.index())) << 16 |
+         static_cast<int64_t>(t.requires_grad()) << 24 | static_cast<int64_t>(t.is_contiguous()) << 25 |
+         t.dim() << 26;
 }

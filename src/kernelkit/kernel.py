@@ -110,6 +110,7 @@ class Kernel:
         self._variants: dict[tuple, Variant] = {}
         self._checked: dict[tuple, object] = {}  # call arguments already validated
         self._plans: dict[tuple, object] = {}  # plain calls already made: run(inputs, shapes)
+        self._last_plan = None  # the plan fastcall's tp_call ran last (it compares the next call's key)
         self._filled_plans: dict[tuple, dict] = {}  # the same for calls with an init_value, by value
         self._seen: set[tuple] = set()  # keys of plain calls made once
         self._grad_warned = False  # warned once that it is not differentiable
@@ -516,13 +517,15 @@ _fast_call = _python_call  # fastcall.cpp's call once the extension is loaded
 
 
 def _fast_call_ready() -> bool:
-    """Whether fastcall's extension is settled (loaded, or known to be unavailable)."""
+    """Whether fastcall's extension is settled (loaded, or known to be unavailable). Once loaded,
+    Kernel's plain calls with a plan run in it without __call__'s Python layer (its set_call)."""
     global _fast_call
     module = fastcall.module(block=False)
     if module is None:
         return False
     if not isinstance(module, str):
         _fast_call = module.call
+        module.set_call(Kernel, Kernel.__call__, torch.compiler)
     return True
 
 
