@@ -13,24 +13,28 @@ using namespace mpp::tensor_ops;
 
 constant constexpr int FA_ROWS = 16;  // rows of a SIMD-group's block: one mma.sync fragment high
 
-// Rows [0, ROWS) of a (rows x D) matrix with row stride `stride` into threadgroup memory, packed
-// (row r at dst + r * D); rows at or past `valid` are zero, so that a product over the whole tile
-// adds nothing for them (a masked score times a zero row, never times garbage: 0 * NaN is NaN).
+// Rows [0, ROWS) of a (rows x D) matrix with row stride `stride` into threadgroup memory, row r at
+// dst + r * PITCH; rows at or past `valid` are zero, so that a product over the whole tile adds
+// nothing for them (a masked score times a zero row, never times garbage: 0 * NaN is NaN).
 // 16 bytes a load where the rows are 16-byte aligned (they are for packed tensors).
+// PITCH is D plus 16 bytes (fa_pitch): the tensor cores' fragment loads (ldmatrix) read 8 rows of
+// 16 bytes at once, and packed rows of 128, 256 or 512 bytes would put all 8 in the same banks.
+template <int D, class T> METAL_FUNC constexpr int fa_pitch() { return D + int(16 / sizeof(T)); }
+
 template <int ROWS, int D, int THREADS, class T>
 METAL_FUNC void fa_stage(threadgroup T* dst, const device T* src, long stride, int valid, uint tid) {
-  constexpr int V = 16 / sizeof(T);  // elements in 16 bytes
+  constexpr int V = 16 / sizeof(T), PITCH = fa_pitch<D, T>();  // V: elements in 16 bytes
   if (D % V == 0 && (ulong(src) | ulong(stride * long(sizeof(T)))) % 16 == 0) {
     for (uint e = tid; e < uint(ROWS * D / V); e += THREADS) {
       const int r = int(e) / (D / V), c = int(e) % (D / V) * V;
-      reinterpret_cast<threadgroup uint4*>(dst)[e] =
+      *reinterpret_cast<threadgroup uint4*>(dst + r * PITCH + c) =
           r < valid ? *reinterpret_cast<const device uint4*>(src + r * stride + c) : uint4(0);
     }
     return;
   }
   for (uint e = tid; e < uint(ROWS * D); e += THREADS) {
     const int r = int(e) / D, c = int(e) % D;
-    dst[e] = r < valid ? src[r * stride + c] : T(0);
+    dst[r * PITCH + c] = r < valid ? src[r * stride + c] : T(0);
   }
 }
 

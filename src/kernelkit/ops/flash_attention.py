@@ -40,8 +40,9 @@ _dkdv = _kernel("dkdv", ["q", "k", "v", "dout", "lse", "delta", "scale", "causal
 
 
 def _tile(dtype: torch.dtype, d: int) -> int:
-    """Rows of a staged tile: two of them (K and V, or Q and dO) fill 32 KiB of threadgroup memory,
-    within the 48 KiB a CUDA kernel has statically; 16 to 64 rows."""
+    """Rows of a staged tile: two of them (K and V, or Q and dO) fill 32 KiB of threadgroup memory
+    (plus 16 bytes a row of padding, flash_attention.metal's fa_pitch), within the 48 KiB a CUDA
+    kernel has statically; 16 to 64 rows."""
     return max(16, min(64, 16384 // (d * dtype.itemsize)))
 
 

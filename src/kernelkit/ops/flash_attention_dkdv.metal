@@ -17,12 +17,12 @@ auto tK = tensor(k + b * k_strides[0] + hk * k_strides[1], dextents<int, 2>(D, S
 auto tV = tensor(v + b * v_strides[0] + hk * v_strides[1], dextents<int, 2>(D, Sk), array<int, 2>({1, int(v_strides[2])}));
 auto tKSlice = tK.template slice<D, ROWS>(0, key0);
 auto tVSlice = tV.template slice<D, ROWS>(0, key0);
-threadgroup T Qs[BK * D];
-threadgroup T dOs[BK * D];
+threadgroup T Qs[BK * fa_pitch<D, T>()];
+threadgroup T dOs[BK * fa_pitch<D, T>()];
 threadgroup A lses[BK];    // lse * log2(e) of the tile's queries
 threadgroup A deltas[BK];
-auto tQ = tensor(Qs, dextents<int, 2>(D, BK));
-auto tdO = tensor(dOs, dextents<int, 2>(D, BK));
+auto tQ = tensor(Qs, dextents<int, 2>(D, BK), array<int, 2>({1, fa_pitch<D, T>()}));
+auto tdO = tensor(dOs, dextents<int, 2>(D, BK), array<int, 2>({1, fa_pitch<D, T>()}));
 
 // S^T = K Q^T and dP^T = V dO^T (16 x BK), one descriptor
 constexpr auto mul_kq_op_desc = matmul2d_descriptor(ROWS, BK, D, false, true);

@@ -20,10 +20,10 @@ auto tQSlice = tQ.template slice<D, ROWS>(0, row0);
 auto tdOSlice = tdO.template slice<D, ROWS>(0, row0);
 const device T* kp = k + b * k_strides[0] + hk * k_strides[1];
 const device T* vp = v + b * v_strides[0] + hk * v_strides[1];
-threadgroup T Ks[BK * D];
-threadgroup T Vs[BK * D];
-auto tK = tensor(Ks, dextents<int, 2>(D, BK));
-auto tV = tensor(Vs, dextents<int, 2>(D, BK));
+threadgroup T Ks[BK * fa_pitch<D, T>()];
+threadgroup T Vs[BK * fa_pitch<D, T>()];
+auto tK = tensor(Ks, dextents<int, 2>(D, BK), array<int, 2>({1, fa_pitch<D, T>()}));
+auto tV = tensor(Vs, dextents<int, 2>(D, BK), array<int, 2>({1, fa_pitch<D, T>()}));
 
 // S = Q K^T and dP = dO V^T (16 x BK), one descriptor
 constexpr auto mul_qk_op_desc = matmul2d_descriptor(ROWS, BK, D, false, true);

@@ -17,10 +17,10 @@ auto tQ = tensor(q + b * q_strides[0] + h * q_strides[1], dextents<int, 2>(D, Sq
 auto tQSlice = tQ.template slice<D, ROWS>(0, row0);
 const device T* kp = k + b * k_strides[0] + hk * k_strides[1];
 const device T* vp = v + b * v_strides[0] + hk * v_strides[1];
-threadgroup T Ks[BK * D];
-threadgroup T Vs[BK * D];
-auto tK = tensor(Ks, dextents<int, 2>(D, BK));  // key j's row at Ks + j * D
-auto tV = tensor(Vs, dextents<int, 2>(D, BK));
+threadgroup T Ks[BK * fa_pitch<D, T>()];
+threadgroup T Vs[BK * fa_pitch<D, T>()];
+auto tK = tensor(Ks, dextents<int, 2>(D, BK), array<int, 2>({1, fa_pitch<D, T>()}));  // key j's row at Ks + j * pitch
+auto tV = tensor(Vs, dextents<int, 2>(D, BK), array<int, 2>({1, fa_pitch<D, T>()}));
 
 // S = Q K^T (16 x BK; K is held row-major, so the right operand is transposed)
 constexpr auto mul_qk_op_desc = matmul2d_descriptor(ROWS, BK, D, false, true);
