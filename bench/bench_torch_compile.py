@@ -1,15 +1,19 @@
 """torch.compile against eager, and the per-call overhead against an earlier kernelkit.
 
     python bench/bench_torch_compile.py [--quick] [--device cuda|cpu] [--baseline SRC] [--out DIR]
+                                        [--name NAME]
 
 - A model whose layer is kk.ops.grid_sample (with a linear layer before it), forward +
   backward, eager and under torch.compile (fullgraph), timed interleaved in rounds (CUDA events on
-  a GPU, host time on the CPU): compiling must not make it slower.
+  a GPU, host time on the CPU): compiling must not make it slower. Several sizes: where the host's
+  work per step dominates (host-bound) and where the device's does; on a GPU, each step's host time
+  too (its launches alone, no sync), which says which one bounds the step.
 - With --baseline SRC (the `src` directory of an earlier kernelkit): the per-call overhead of a
   cached kernel (kernelkit.benchmarks.overhead_figures) of this checkout and of SRC, measured in
   alternating fresh processes, so that a change in the call path shows as a ratio.
 
-Writes torch_compile.json into DIR (default bench/results/<device>/) and prints a table.
+Writes NAME.json (default torch_compile) into DIR (default bench/results/<device>/) and prints a
+table.
 """
 
 import argparse
@@ -41,15 +45,21 @@ class Sampler(torch.nn.Module):
         return kk.ops.grid_sample(self.proj(x), grid + self.offset)
 
 
-def compile_figures(device, quick: bool) -> dict:
+# (B, H, W, C, gH, gW) of x (B, H, W, C) and grid (B, gH, gW, 2)
+SIZES = {
+    # GPU: host-bound (~0.1-0.5 ms of GPU work a step), then the GPU's work dominates
+    "cuda": [(2, 128, 128, 32, 64, 64), (4, 256, 256, 64, 128, 128), (8, 512, 512, 64, 256, 256)],
+    # CPU: the host's Python and torch's wrappers alone, then the kernels' work dominates
+    "cpu": [(1, 8, 8, 4, 4, 4), (2, 64, 64, 32, 32, 32)],
+}
+
+
+def compile_figures(device, size, quick: bool) -> dict:
     torch.manual_seed(0)
-    if device.type == "cuda":
-        # quick: host-bound (~0.4 ms of GPU work a step); full: the GPU's work dominates
-        B, H, W, C, gH, gW = (2, 128, 128, 32, 64, 64) if quick else (8, 512, 512, 64, 256, 256)
-        rounds, reps = (3, 10) if quick else (5, 20)
-    else:
-        B, H, W, C, gH, gW = (1, 32, 32, 16, 16, 16) if quick else (2, 64, 64, 32, 32, 32)
-        rounds, reps = (3, 3) if quick else (5, 5)
+    torch._dynamo.reset()  # a graph of this size's own, not one recompiled for dynamic shapes
+    B, H, W, C, gH, gW = size
+    # (more rounds on the CPU: its kernels' thread pool makes rounds bimodal on 2 cores)
+    rounds, reps = (3, 10) if quick else (15 if device.type == "cpu" else 7, 20)
     model = Sampler(C).to(device)
     x = torch.randn(B, H, W, C, device=device)
     grid = torch.rand(B, gH, gW, 2, device=device) * 2 - 1
@@ -72,14 +82,28 @@ def compile_figures(device, quick: bool) -> dict:
               for name, m in (("eager", model), ("compiled", compiled))}
     assert all(c <= 2 * e + 1e-5 for c, e in zip(errors["compiled"], errors["eager"])), errors
     per_round = {"eager_ms": [], "compiled_ms": []}
+    if device.type == "cuda":
+        per_round.update(eager_host_ms=[], compiled_host_ms=[])
     for _ in range(rounds):
-        per_round["eager_ms"].append(bm.time_ms(step(model, x, grid), device, reps, warmup=2))
-        per_round["compiled_ms"].append(bm.time_ms(step(compiled, x, grid), device, reps, warmup=2))
+        for name, m in (("eager", model), ("compiled", compiled)):
+            per_round[f"{name}_ms"].append(bm.time_ms(step(m, x, grid), device, reps, warmup=2))
+            if device.type == "cuda":
+                per_round[f"{name}_host_ms"].append(_host_ms(step(m, x, grid), reps))
     ms = {k: statistics.median(v) for k, v in per_round.items()}
-    return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]}, "rounds": rounds, **ms,
-            "compiled_over_eager": ms["compiled_ms"] / ms["eager_ms"],
-            "grad_relative_error_to_float64": errors,
-            "per_round_ms": per_round}
+    return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]}, "rounds": rounds, "reps": reps,
+            **ms, "compiled_over_eager": ms["compiled_ms"] / ms["eager_ms"],
+            "grad_relative_error_to_float64": errors, "per_round_ms": per_round}
+
+
+def _host_ms(fn, reps: int) -> float:
+    """Host time a step, queued without waiting for the GPU (synchronized before and after)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return t / reps * 1e3
 
 
 def _double(model: Sampler) -> Sampler:
@@ -112,25 +136,30 @@ def overhead_against(baseline: str, device, rounds: int = 3) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--quick", action="store_true", help="the smallest size only, fewer rounds")
     p.add_argument("--device", default=None)
     p.add_argument("--baseline", metavar="SRC", help="an earlier kernelkit's src directory")
     p.add_argument("--out", default=None)
+    p.add_argument("--name", default="torch_compile", help="the result file's name, without .json")
     a = p.parse_args()
     device = torch.device(a.device) if a.device else bm.best_device()
     t0 = time.time()
-    body = {"compile": compile_figures(device, a.quick)}
+    sizes = SIZES[device.type][:1] if a.quick else SIZES[device.type]
+    body = {"compile": [compile_figures(device, size, a.quick) for size in sizes]}
     if a.baseline:
         body["overhead"] = overhead_against(a.baseline, device)
     command = ("python bench/bench_torch_compile.py " + " ".join(sys.argv[1:])).strip()
     result = {**bm.record("torch_compile", body, device, command, a.quick), "seconds": time.time() - t0}
     out = Path(a.out) if a.out else HERE / "results" / bm.device_tag(device)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "torch_compile.json").write_text(json.dumps(result, indent=2) + "\n")
-    c = body["compile"]
+    (out / f"{a.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"{result['device']}, {result['date']}: {command}")
-    print(f"grid_sample model fwd+bwd, x {c['shape']['x']}: eager {c['eager_ms']:.3f} ms, "
-          f"torch.compile {c['compiled_ms']:.3f} ms, compiled / eager {c['compiled_over_eager']:.3f}")
+    for c in body["compile"]:
+        host = (f" (host {c['eager_host_ms']:.3f} / {c['compiled_host_ms']:.3f} ms)"
+                if "eager_host_ms" in c else "")
+        print(f"grid_sample model fwd+bwd, x {c['shape']['x']}: eager {c['eager_ms']:.3f} ms, "
+              f"torch.compile {c['compiled_ms']:.3f} ms, compiled / eager {c['compiled_over_eager']:.3f}"
+              + host)
     if a.baseline:
         o = body["overhead"]
         print(f"per-call overhead: this {o['this_us']:.2f} us, baseline {o['baseline_us']:.2f} us, "

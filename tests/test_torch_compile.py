@@ -107,6 +107,9 @@ def test_opcheck(device):
     xg = torch.randn(40, device=device, requires_grad=True)
     spec = torch_ops._call_spec(cube._op_key, (tuple, 1), None, 1, (0,), ())
     torch.library.opcheck(torch.ops.kernelkit.custom_function, (spec, [xg]))
+    y = torch.ops.kernelkit.custom_function(spec, [x])[0]
+    for g in (torch.randn(40, device=device), None):  # a missing cotangent is None
+        torch.library.opcheck(torch.ops.kernelkit.custom_function_vjp, (spec, [x], [y], [g]))
 
 
 def test_a_plain_kernel_on_inputs_that_require_grad_warns(device):
@@ -218,3 +221,86 @@ def test_a_vjp_runs_as_written_under_compile(device):
     torch._dynamo.reset()
     (g,) = torch.autograd.grad(torch.compile(lambda t: doubled(t).sum(), fullgraph=True)(x), x)
     torch.testing.assert_close(g, torch.full_like(x, 2.0))
+
+
+@kk.custom_function
+def three_outputs(x):
+    square = _square(x, kk.metal_kernel("square", ["x"], ["y"], SQUARE))
+    return square, 3 * x, torch.arange(x.numel(), dtype=torch.int32, device=x.device)
+
+
+@three_outputs.vjp
+def three_outputs_vjp(x, cotangents, outputs):
+    square, triple, index = cotangents
+    # missing cotangents are zeros seen through a zero stride (no memory filled), compiled or not
+    assert triple.stride() == index.stride() == (0,) and not triple.any() and not index.any()
+    return 2 * x * square
+
+
+def test_missing_cotangents_are_zero_views_under_compile(device):
+    """The compiled backward fills no buffers for the cotangents of unused outputs: the vjp op makes
+    them at run time, as eager autograd does."""
+    x = torch.randn(32, device=device, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: three_outputs(t)[0].sum(), fullgraph=True)
+    for loss in (compiled(x), compiled(x), three_outputs(x)[0].sum()):
+        (g,) = torch.autograd.grad(loss, x)
+        torch.testing.assert_close(g, 2 * x.detach())
+
+
+@kk.custom_function
+def mixed(pair, k, *, scale, shift):
+    a, b = pair
+    return a * b * k * scale + shift
+
+
+@mixed.vjp
+def mixed_vjp(primals, cotangent, output, *, scale, shift):
+    (a, b), k = primals
+    return (cotangent * b * k * scale, cotangent * a * k * scale), None
+
+
+@kk.custom_function
+def product(a, b):
+    return a * b
+
+
+@product.vjp
+def product_vjp(primals, cotangent, output):
+    assert type(primals) is tuple  # as eager autograd hands them (MLX's)
+    a, b = primals
+    return cotangent * b, cotangent * a
+
+
+def test_custom_function_of_nested_and_keyword_tensors(device):
+    """Arguments of every kind under compile (nested tuples, numbers, a keyword tensor): the op
+    rebuilds them as the eager call has them, in the forward and for the vjp."""
+    a, b = (torch.randn(8, device=device, requires_grad=True) for _ in range(2))
+    shift = torch.randn(8, device=device)
+
+    def loss(a, b):
+        return (mixed((a, b), 3, scale=0.5, shift=shift) ** 2).sum()
+
+    def plain(a, b):  # tensors as the only positional arguments: the op's shortest path
+        return (product(a, b) ** 2).sum()
+
+    for f in (loss, plain):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True, dynamic=True)
+        eager = torch.autograd.grad(f(a, b), (a, b))
+        for e, c in zip(eager, torch.autograd.grad(compiled(a, b), (a, b))):
+            torch.testing.assert_close(e, c)
+        _no_breaks(f, a, b)
+
+
+def test_a_compiled_step_parses_no_spec(device):
+    """Run-time work of a compiled step: each spec was parsed when first run, not again."""
+    lin = torch.nn.Linear(16, 16).to(device)
+    x = torch.randn(4, 16, device=device)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: cube(lin(t), scale=0.5).sum(), fullgraph=True)
+    compiled(x).backward()
+    misses = torch_ops._literal_call.cache_info().misses, torch_ops._parse.cache_info().misses
+    for _ in range(3):
+        compiled(x).backward()
+    assert (torch_ops._literal_call.cache_info().misses, torch_ops._parse.cache_info().misses) == misses

@@ -260,7 +260,7 @@ class _Function(torch.autograd.Function):
             outputs = _unflatten(call.out_spec, tensors[n_in:n_in + n_out])
             cotangents = _unflatten(call.out_spec, tensors[n_in + n_out:])
             result = call.fun._vjp(primals, cotangents, outputs, **kwargs)
-            return _gradients(call, leaves, result)
+            return _gradients(call.fun, call.n_primal, leaves, result)
 
         saved = ctx.saved_tensors
         outputs = saved[n_in:]
@@ -322,15 +322,14 @@ class _Function(torch.autograd.Function):
         return tuple(outs), tuple(flat_axes)
 
 
-def vjp_gradients(fun, leaves, args_spec, kwargs_spec, n_primal, out_spec, outputs, grads) -> list:
-    """The vjp rule's gradient for each tensor leaf of a call (torch_ops' autograd formula)."""
-    tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    call = _Call(fun, args_spec, kwargs_spec, n_primal, tensor_at)
-    primals, kwargs = call.arguments(leaves)
+def vjp_gradients(fun, args, kwargs, leaves, n_primal, out_spec, outputs, grads) -> list:
+    """The vjp rule's gradient for each tensor leaf of a call (torch_ops' autograd formula), from
+    the call's arguments and their leaves."""
     if fun._vjp is None:
         raise _missing(fun, "vjp", "differentiate it")
+    primals = args[0] if len(args) == 1 else args
     result = fun._vjp(primals, _unflatten(out_spec, grads), _unflatten(out_spec, outputs), **kwargs)
-    return _gradients(call, leaves, result)
+    return _gradients(fun, n_primal, leaves, result)
 
 
 def _leaves(tree) -> list:
@@ -347,7 +346,7 @@ def _with_tensors(ctx, tensors) -> list:
     return leaves
 
 
-def _gradients(call: _Call, leaves: list, result) -> list:
+def _gradients(fun: "custom_function", n_primal: int, leaves: list, result) -> list:
     """The vjp's result as one gradient (or None) per tensor leaf of the call.
 
     The result mirrors the primals (MLX): one entry per primal leaf, or per primal *tensor*
@@ -357,9 +356,14 @@ def _gradients(call: _Call, leaves: list, result) -> list:
     if type(result) is torch.Tensor and len(leaves) == 1 and type(leaves[0]) is torch.Tensor \
             and result.shape == leaves[0].shape:
         return [result]  # one tensor argument, one gradient: the usual case
-    name = call.fun.__name__
+    if type(result) in (tuple, list) and len(result) == n_primal and all(
+            type(x) is torch.Tensor and (g is None or type(g) is torch.Tensor and g.shape == x.shape)
+            for x, g in zip(leaves, result)):
+        # tensor arguments only, a gradient or None for each: the other usual case
+        return [*result, *(None for x in leaves[n_primal:] if isinstance(x, torch.Tensor))]
+    name = fun.__name__
     flat = _leaves(result)
-    primal = leaves[:call.n_primal]
+    primal = leaves[:n_primal]
     tensor_idx = [i for i, x in enumerate(primal) if isinstance(x, torch.Tensor)]
     if len(flat) == len(primal):
         by_leaf = dict(enumerate(flat))

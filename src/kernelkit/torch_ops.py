@@ -16,8 +16,14 @@ What the ops' arguments cannot carry (which kernel or function, template values,
 init_value, the structure and non-tensor arguments of a custom_function call) is the *spec*: a
 string that says it all in Python literals, so that a graph compiled in one process and taken
 from torch's caches in another still means the same call. Kernels and functions are named in it
-by keys that the same program makes again in every process (see `register`). Dynamo computes a
+by keys that the same program makes again in every process (see `kernel_key`). Dynamo computes a
 spec while tracing (a constant of the graph).
+
+A compiled graph runs the ops on every step, so their run-time path is kept short: they are
+defined with torch.library.Library rather than torch.library.custom_op (whose Python wrappers
+around the implementation cost ~5 us a call on a 2-core x86 host), a spec is parsed once per
+process, missing cotangents are made at run time rather than filled in the graph, and the
+functions run their kernels on the eager fast path.
 """
 
 from __future__ import annotations
@@ -30,10 +36,14 @@ import weakref
 
 import torch
 
+# (an import cycle: autodiff imports this module too; its names are read at call time only)
+from . import autodiff as _autodiff
+
 # Kernels and custom_functions by key, registered at construction (outside any tracing): each
 # key's live objects (equal kernels share a key; any one of them serves). Weak: whatever a
 # compiled graph calls is held by the code that calls it.
 _OBJECTS: dict[str, weakref.WeakSet] = {}
+_FOUND = weakref.WeakValueDictionary()  # key -> the live object _find last gave
 _SEEN_NAMES: dict = {}  # custom_function qualname -> how many were made
 _LOCAL: dict = {}  # spec -> non-literal arguments of a custom_function call (this process only)
 _SCALAR_KINDS = {bool: "b", int: "i", float: "f"}
@@ -63,11 +73,14 @@ def function_key(fun) -> str:
 
 
 def _find(key: str):
-    obj = next(iter(_OBJECTS.get(key, ())), None)
-    if obj is None:
-        raise RuntimeError(f"[kernelkit] a compiled graph calls {key!r}, which this process has not "
-                           "built (torch.compile's caches hold graphs of other runs): build it first, "
-                           "as the program that compiled the graph did.")
+    obj = _FOUND.get(key)
+    if obj is None:  # first use, or the one found before is gone: iterating a WeakSet is slow
+        obj = next(iter(_OBJECTS.get(key, ())), None)
+        if obj is None:
+            raise RuntimeError(f"[kernelkit] a compiled graph calls {key!r}, which this process has "
+                               "not built (torch.compile's caches hold graphs of other runs): build "
+                               "it first, as the program that compiled the graph did.")
+        _FOUND[key] = obj
     return obj
 
 
@@ -103,6 +116,26 @@ def _parse(spec: str):
     return _unliteral(ast.literal_eval(spec))
 
 
+# --- the ops -----------------------------------------------------------------------------------
+
+_lib = torch.library.Library("kernelkit", "DEF")
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
+
+
+def _define(name: str, schema: str, impl, fake, autograd=None) -> torch._ops.OpOverload:
+    """The op kernelkit::name: impl on every device, fake on fake tensors and meta. autograd (a
+    kernel taking the dispatch key set) at the Autograd key, else a fallthrough there: no Python
+    call on the way to impl, and outputs that do not require grad (as an eager kernel's)."""
+    _lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"kernelkit::{name}", fake, lib=_lib)
+    if autograd is None:
+        _lib.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    else:
+        _lib.impl(name, autograd, "Autograd", with_keyset=True)
+    return getattr(torch.ops.kernelkit, name).default
+
+
 # --- kernel calls -------------------------------------------------------------------------------
 
 @torch._dynamo.assume_constant_result
@@ -131,34 +164,45 @@ def launch(kernel, inputs, output_shapes, output_dtypes, grid, threadgroup, temp
     return torch.ops.kernelkit.launch(spec, tensors, scalars, list(grid), list(threadgroup), shapes)
 
 
-def _launch_parts(spec: str, shapes):
-    kernel, layout, template, dtypes, ndims, init, contiguous = _parse(spec)
+@functools.lru_cache(maxsize=4096)
+def _launch_parts(spec: str):
+    """(kernel key, layout, template, dtypes, ndims, init_value, contiguous) of a spec, with the
+    template and dtypes as a kernel call takes them (never changed by it: shared by its calls)."""
+    key, layout, template, dtypes, ndims, init, contiguous = _parse(spec)
+    return (key, layout, None if template is None else list(template), list(dtypes), ndims, init,
+            contiguous)
+
+
+def _output_shapes(ndims, shapes) -> list:
     out, i = [], 0
     for n in ndims:
         out.append(tuple(shapes[i:i + n]))
         i += n
-    return _find(kernel), layout, template, dtypes, out, init, contiguous
+    return out
 
 
-@torch.library.custom_op("kernelkit::launch", mutates_args=())
-def _launch(spec: str, tensors: list[torch.Tensor], scalars: list[float], grid: list[int],
-            threadgroup: list[int], shapes: list[int]) -> list[torch.Tensor]:
-    kernel, layout, template, dtypes, out_shapes, init, contiguous = _launch_parts(spec, shapes)
-    t, s = iter(tensors), iter(scalars)
-    inputs = [next(t) if k == "t" else _SCALAR_TYPES[k](next(s)) for k in layout]
-    return kernel(inputs=inputs, output_shapes=out_shapes, output_dtypes=list(dtypes),
-                  grid=tuple(grid), threadgroup=tuple(threadgroup),
-                  template=None if template is None else list(template), init_value=init,
-                  ensure_row_contiguous=contiguous)
+def _launch(spec, tensors, scalars, grid, threadgroup, shapes):
+    key, layout, template, dtypes, ndims, init, contiguous = _launch_parts(spec)
+    if layout.count("t") == len(layout):
+        inputs = tensors
+    else:
+        t, s = iter(tensors), iter(scalars)
+        inputs = [next(t) if k == "t" else _SCALAR_TYPES[k](next(s)) for k in layout]
+    return _find(key)(inputs=inputs, output_shapes=_output_shapes(ndims, shapes),
+                      output_dtypes=dtypes, grid=tuple(grid), threadgroup=tuple(threadgroup),
+                      template=template, init_value=init, ensure_row_contiguous=contiguous)
 
 
-@_launch.register_fake
 def _launch_fake(spec, tensors, scalars, grid, threadgroup, shapes):
     from .arrays import dtype_of, resolve_stream
-    _, _, _, dtypes, out_shapes, _, _ = _launch_parts(spec, shapes)
+    _, _, _, dtypes, ndims, _, _ = _launch_parts(spec)
     device = tensors[0].device if tensors else resolve_stream(None, None)
     return [torch.empty(shape, dtype=dtype_of(d).torch, device=device)
-            for shape, d in zip(out_shapes, dtypes)]
+            for shape, d in zip(_output_shapes(ndims, shapes), dtypes)]
+
+
+_define("launch", "(str spec, Tensor[] tensors, float[] scalars, SymInt[] grid, "
+        "SymInt[] threadgroup, SymInt[] shapes) -> Tensor[]", _launch, _launch_fake)
 
 
 # --- custom_function calls ----------------------------------------------------------------------
@@ -207,13 +251,60 @@ def _call_spec(fun: str, args_spec, kwargs_spec, n_primal, tensor_at, others) ->
         return spec
 
 
-def _call_parts(spec: str):
-    if spec in _LOCAL:
-        fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _LOCAL[spec]
-    else:
-        fun, args_lit, kwargs_lit, n_primal, tensor_at, others = _parse(spec)
-        args_spec, kwargs_spec = _structure(args_lit), _structure(kwargs_lit)
-    return _find(fun), args_spec, kwargs_spec, n_primal, tensor_at, others
+class _OpCall:
+    """A custom_function call of one spec, as its ops run it: the function's key and how its
+    arguments are made from the call's tensors (worked out once per spec)."""
+
+    __slots__ = ("fun", "args_spec", "kwargs_spec", "n_primal", "tensor_at", "others", "kwargs",
+                 "primal", "direct")
+
+    def __init__(self, fun, args_spec, kwargs_spec, n_primal, tensor_at, others):
+        self.fun, self.args_spec, self.kwargs_spec = fun, args_spec, kwargs_spec
+        self.n_primal, self.tensor_at, self.others = n_primal, tensor_at, others
+        # The usual call: tensors among the positional arguments only, keyword arguments flat.
+        # Its kwargs are then the same every time (** copies the dict), and its leaves the
+        # `primal` template with the tensors put in; `direct`: its positional arguments are
+        # its tensors.
+        self.kwargs = self.primal = None
+        if all(i < n_primal for i in tensor_at) and (kwargs_spec is None or (
+                type(kwargs_spec[1]) is tuple and all(c is None for _, c in kwargs_spec[1]))):
+            leaves = _leaves(tensor_at, others, [None] * len(tensor_at))
+            kwargs = leaves[n_primal:]
+            self.kwargs = {} if kwargs_spec is None else _autodiff._unflatten(kwargs_spec, kwargs)
+            self.primal = leaves
+        self.direct = self.kwargs is not None and args_spec == (tuple, n_primal) and \
+            tensor_at == tuple(range(n_primal))
+
+    def leaves(self, tensors) -> list:
+        if self.primal is None:
+            return _leaves(self.tensor_at, self.others, tensors)
+        leaves = self.primal.copy()
+        for i, t in zip(self.tensor_at, tensors):
+            leaves[i] = t
+        return leaves
+
+    def arguments(self, leaves):
+        """(args, kwargs) of the call."""
+        n, unflatten = self.n_primal, _autodiff._unflatten
+        args = unflatten(self.args_spec, leaves[:n] if len(leaves) > n else leaves)
+        if self.kwargs is not None:
+            return args, self.kwargs
+        return args, ({} if self.kwargs_spec is None else unflatten(self.kwargs_spec, leaves[n:]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _literal_call(spec: str) -> _OpCall:
+    fun, args_lit, kwargs_lit, n_primal, tensor_at, others = _parse(spec)
+    return _OpCall(fun, _structure(args_lit), _structure(kwargs_lit), n_primal, tensor_at, others)
+
+
+def _call_of(spec: str) -> _OpCall:
+    local = _LOCAL.get(spec)
+    if local is None:
+        return _literal_call(spec)
+    if type(local) is not _OpCall:
+        local = _LOCAL[spec] = _OpCall(*local)
+    return local
 
 
 def _leaves(tensor_at, others, tensors) -> list:
@@ -245,8 +336,7 @@ def out_spec(spec: str):
 def unflatten(lit, flat):
     """A custom_function's result from its flat outputs and out_spec's literal structure."""
     if lit is not None and lit[0] == "local":
-        from .autodiff import _unflatten
-        return _unflatten(_OUT_SPECS[lit[1]], flat)
+        return _autodiff._unflatten(_OUT_SPECS[lit[1]], flat)
     return _build_literal(lit, iter(flat))
 
 
@@ -264,23 +354,24 @@ def _build_literal(lit, it):
 
 
 def _forward(spec: str, tensors) -> list:
-    from .autodiff import _flatten, _unflatten
-    fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _call_parts(spec)
-    leaves = _leaves(tensor_at, others, tensors)
-    args = _unflatten(args_spec, leaves[:n_primal])
-    kwargs = {} if kwargs_spec is None else _unflatten(kwargs_spec, leaves[n_primal:])
+    call = _call_of(spec)
+    fun = _find(call.fun)._fun
+    if call.direct:
+        result = fun(*tensors, **call.kwargs)
+    else:
+        args, kwargs = call.arguments(call.leaves(tensors))
+        result = fun(*args, **kwargs)
     flat = []
-    _OUT_SPECS[spec] = _flatten(fun._fun(*args, **kwargs), flat)
+    _OUT_SPECS[spec] = _autodiff._flatten(result, flat)
     # An op's outputs may not alias its inputs: a returned input is copied.
-    return [o.clone() if any(o is t for t in tensors) else o for o in flat]
+    for i, o in enumerate(flat):
+        for t in tensors:
+            if o is t:
+                flat[i] = o.clone()
+                break
+    return flat
 
 
-@torch.library.custom_op("kernelkit::custom_function", mutates_args=())
-def _custom_function(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return _forward(spec, tensors)
-
-
-@_custom_function.register_fake
 def _custom_function_fake(spec, tensors):
     _fake.depth = getattr(_fake, "depth", 0) + 1
     try:
@@ -289,41 +380,78 @@ def _custom_function_fake(spec, tensors):
         _fake.depth -= 1
 
 
-def _setup_context(ctx, inputs, output):
-    ctx.spec, tensors = inputs
-    ctx.save_for_backward(*tensors, *output)
-    ctx.n = len(tensors)
+class _Differentiated(torch.autograd.Function):
+    """kernelkit::custom_function where autograd records it (AOTAutograd traces its backward into
+    the compiled graph): the backward is kernelkit::custom_function_vjp."""
+
+    @staticmethod
+    def forward(spec, *tensors):
+        with torch._C._AutoDispatchBelowAutograd():
+            return tuple(_CUSTOM_FUNCTION(spec, list(tensors)))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.spec, ctx.n = inputs[0], len(inputs) - 1
+        ctx.save_for_backward(*inputs[1:], *output)
+        # Missing cotangents stay None: the vjp op makes them at run time as zero-strided views,
+        # where zeros in the graph would be filled buffers the size of the outputs, every step.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        return None, *_CUSTOM_FUNCTION_VJP(ctx.spec, list(saved[:ctx.n]), list(saved[ctx.n:]),
+                                           list(grads))
 
 
-def _backward(ctx, grads):
-    saved = ctx.saved_tensors
-    tensors, outputs = saved[:ctx.n], saved[ctx.n:]
-    from .autodiff import _zeros_like  # missing cotangents: one zero seen through every index
-    grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
-    return None, torch.ops.kernelkit.custom_function_vjp(ctx.spec, list(tensors), list(outputs),
-                                                         grads)
+_BELOW_IN_PLACE = torch._C._after_ADInplaceOrView_keyset  # (a functional op: nothing to do there)
+_BACKENDS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
 
 
-_custom_function.register_autograd(_backward, setup_context=_setup_context)
+def _custom_function_autograd(keyset, spec, tensors):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_Differentiated.apply(spec, *tensors))
+    # Nothing for autograd to record: a compiled graph's step. Where the implementation comes next
+    # (plain tensors, no fake or functional ones), it is called here rather than redispatched to.
+    with torch._C._AutoDispatchBelowAutograd():
+        if (keyset & _BELOW_IN_PLACE).highestPriorityTypeId() in _BACKENDS:
+            return _forward(spec, tensors)
+        return _CUSTOM_FUNCTION.redispatch(keyset & _BELOW_AUTOGRAD, spec, tensors)
+
+
+_CUSTOM_FUNCTION = _define("custom_function", "(str spec, Tensor[] tensors) -> Tensor[]", _forward,
+                           _custom_function_fake, _custom_function_autograd)
 
 
 # The vjp rule is opaque too: it runs as written when the backward runs, never traced with fake
 # tensors. A rule decides things from its tensors' data (alignment, how many entries spilled) and
 # may launch kernels that add into buffers they take as inputs: a traced copy would bake the
 # first and drop the second (an op with no outputs is dead code to a compiler).
-@torch.library.custom_op("kernelkit::custom_function_vjp", mutates_args=())
-def _custom_function_vjp(spec: str, tensors: list[torch.Tensor], outputs: list[torch.Tensor],
-                         grads: list[torch.Tensor]) -> list[torch.Tensor]:
-    from .autodiff import vjp_gradients
-    fun, args_spec, kwargs_spec, n_primal, tensor_at, others = _call_parts(spec)
-    gradients = vjp_gradients(fun, _leaves(tensor_at, others, tensors), args_spec, kwargs_spec,
-                              n_primal, _OUT_SPECS[spec], outputs, grads)
-    # one per tensor (zeros for none); never an alias of an argument
-    return [torch.zeros_like(t) if g is None else
-            g.to(t.dtype).clone() if any(g is a for a in (*tensors, *outputs, *grads)) else g.to(t.dtype)
-            for g, t in zip(gradients, tensors)]
+def _custom_function_vjp(spec, tensors, outputs, grads):
+    call = _call_of(spec)
+    leaves = call.leaves(tensors)
+    args, kwargs = (tuple(tensors), call.kwargs) if call.direct else call.arguments(leaves)
+    grads = [_autodiff._zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
+    gradients = _autodiff.vjp_gradients(_find(call.fun), args, kwargs, leaves, call.n_primal,
+                                        _OUT_SPECS[spec], outputs, grads)
+    # one per tensor (zeros for none), of its dtype; never an alias of an argument
+    given = {id(a) for a in (*tensors, *outputs, *grads)}
+    out = []
+    for g, t in zip(gradients, tensors):
+        if g is None:
+            g = torch.zeros_like(t)
+        elif g.dtype != t.dtype:
+            g = g.to(t.dtype)
+        elif id(g) in given:
+            g = g.clone()
+        out.append(g)
+    return out
 
 
-@_custom_function_vjp.register_fake
 def _custom_function_vjp_fake(spec, tensors, outputs, grads):
     return [torch.empty_like(t) for t in tensors]
+
+
+_CUSTOM_FUNCTION_VJP = _define("custom_function_vjp", "(str spec, Tensor[] tensors, "
+                               "Tensor[] outputs, Tensor?[] grads) -> Tensor[]",
+                               _custom_function_vjp, _custom_function_vjp_fake)
