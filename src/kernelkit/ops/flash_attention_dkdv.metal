@@ -59,11 +59,17 @@ for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     ctDelta.load(tensor(deltas, dextents<int, 1>(BK)));
 
     mul_kq_op.run(tKSlice, tQ, ctS);
-    #pragma clang loop unroll(full)
-    for (auto it = ctS.begin(); it != ctS.end(); it++) {
-      const auto idx = it.get_multidimensional_index();  // (query, key) within the tiles
-      const int query = q0 + idx[0], key = key0 + idx[1];
-      *it = query < Sq && key < Sk && (!causal || key <= query) ? exp2(*it * scale2 - *ctLse.map_iterator(it)) : A(0);
+    // every query of the tile sees every key of this SIMD-group: no mask
+    if (q0 + BK <= Sq && key0 + ROWS <= Sk && (!causal || key0 + ROWS - 1 <= q0)) {
+      #pragma clang loop unroll(full)
+      for (auto it = ctS.begin(); it != ctS.end(); it++) *it = exp2(*it * scale2 - *ctLse.map_iterator(it));
+    } else {
+      #pragma clang loop unroll(full)
+      for (auto it = ctS.begin(); it != ctS.end(); it++) {
+        const auto idx = it.get_multidimensional_index();  // (query, key) within the tiles
+        const int query = q0 + idx[0], key = key0 + idx[1];
+        *it = query < Sq && key < Sk && (!causal || key <= query) ? exp2(*it * scale2 - *ctLse.map_iterator(it)) : A(0);
+      }
     }
     auto ctP = mul_pd_op.template get_left_input_cooperative_tensor<T, T, A>(ctS);
     mul_pd_op.run(ctP, tdO, ctdV);

@@ -68,11 +68,16 @@ for (int k0 = 0; k0 < kend; k0 += BK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
   mul_qk_op.run(tQSlice, tK, ctS);
-  #pragma clang loop unroll(full)
-  for (auto it = ctS.begin(); it != ctS.end(); it++) {
-    const auto idx = it.get_multidimensional_index();
-    const int key = k0 + idx[0], query = row0 + idx[1];
-    *it = key < Sk && (!causal || key <= query) ? exp2(*it * scale2 - *ctLse.map_iterator(it)) : A(0);
+  if (k0 + BK <= Sk && (!causal || k0 + BK - 1 <= row0)) {  // every key seen by every query: no mask
+    #pragma clang loop unroll(full)
+    for (auto it = ctS.begin(); it != ctS.end(); it++) *it = exp2(*it * scale2 - *ctLse.map_iterator(it));
+  } else {
+    #pragma clang loop unroll(full)
+    for (auto it = ctS.begin(); it != ctS.end(); it++) {
+      const auto idx = it.get_multidimensional_index();
+      const int key = k0 + idx[0], query = row0 + idx[1];
+      *it = key < Sk && (!causal || key <= query) ? exp2(*it * scale2 - *ctLse.map_iterator(it)) : A(0);
+    }
   }
   mul_qk_op.run(tdOSlice, tV, ctdP);
   #pragma clang loop unroll(full)

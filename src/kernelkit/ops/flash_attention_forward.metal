@@ -51,11 +51,16 @@ for (int k0 = 0; k0 < kend; k0 += BK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
   mul_qk_op.run(ctQ, tK, ctQK);
-  #pragma clang loop unroll(full)
-  for (auto it = ctQK.begin(); it != ctQK.end(); it++) {
-    const auto idx = it.get_multidimensional_index();  // (key, query) within the tile
-    const int key = k0 + idx[0], query = row0 + idx[1];
-    *it = key < Sk && (!causal || key <= query) ? *it * scale2 : A(-INFINITY);
+  if (k0 + BK <= Sk && (!causal || k0 + BK - 1 <= row0)) {  // every key seen by every query: no mask
+    #pragma clang loop unroll(full)
+    for (auto it = ctQK.begin(); it != ctQK.end(); it++) *it *= scale2;
+  } else {
+    #pragma clang loop unroll(full)
+    for (auto it = ctQK.begin(); it != ctQK.end(); it++) {
+      const auto idx = it.get_multidimensional_index();  // (key, query) within the tile
+      const int key = k0 + idx[0], query = row0 + idx[1];
+      *it = key < Sk && (!causal || key <= query) ? *it * scale2 : A(-INFINITY);
+    }
   }
   reduce_rows(ctQK, ctTile, reduction_operation::max, A(-INFINITY));
   for (ushort i = 0; i < ctRowMax.get_capacity(); ++i) {  // new max; ctTile becomes the rescale factor
