@@ -98,6 +98,22 @@ def test_ops_compile_and_train(device):
     _no_breaks(step, *args)
 
 
+
+def test_ops_compile_for_inference(device):
+    """Under no_grad a custom_function is still the opaque op: its Python (grid_sample's alignment
+    check reads data pointers) runs at run time on real tensors, never traced on fake ones."""
+    x = torch.randn(2, 8, 8, 4, device=device)
+    g = torch.rand(2, 5, 6, 2, device=device) * 2 - 1
+    a, b, bias = torch.randn(3, 16, 24, device=device), torch.randn(3, 24, 8, device=device), torch.randn(8, device=device)
+
+    def infer(x, g, a, b, bias):
+        return kk.ops.grid_sample(x, g).sum() + kk.ops.matmul_add_relu(a, b, bias).sum()
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(infer, fullgraph=True)(x, g, a, b, bias), infer(x, g, a, b, bias))
+        _no_breaks(infer, x, g, a, b, bias)
+
 def test_opcheck(device):
     k = kk.metal_kernel("square", ["x"], ["y"], SQUARE)
     x = torch.randn(40, device=device)

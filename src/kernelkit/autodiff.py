@@ -429,9 +429,10 @@ class custom_function:
         n_primal = len(leaves)
         kwargs_spec = _flatten(kwargs, leaves) if kwargs else None
         tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        if _torch_ops.tracing():  # torch.compile, or fake tensors: the op, with the vjp as formula
-            if not (torch.is_grad_enabled() and any(leaves[i].requires_grad for i in tensor_at)):
-                return self._fun(*args, **kwargs)  # its kernels go through kernelkit::launch
+        if _torch_ops.tracing():
+            # torch.compile, or fake tensors: the op, with the vjp as formula, grad or no grad (its
+            # Python then runs at run time, on real tensors: ops that look at their data, as
+            # grid_sample's alignment check, never see a fake one)
             flat, spec = _torch_ops.custom_function_call(self, leaves, args_spec, kwargs_spec,
                                                          n_primal)
             return _torch_ops.unflatten(_torch_ops.out_spec(spec), flat)
