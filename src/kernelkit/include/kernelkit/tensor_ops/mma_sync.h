@@ -220,61 +220,92 @@ struct mma_sync_matmul {
     const auto lv = view<!tl>(left, K);
     const auto rv = view<tr>(right, K);
     const int steps = static_steps ? static_steps : ceil_div(K, KSTEP);
+    // Every fragment inside the operands and in shared memory (a staged tile, flash attention's):
+    // one check here, and the loop reads each fragment with ldmatrix and no per-fragment test
+    // (those tests and their branches were most of an attention tile's instructions).
+    if constexpr (ldsm_right && (is_cooperative_v<Left> || ldsm_left)) {
+      if (whole_tiles(lv, rv, steps)) return steps_of<true>(acc, left, right, lv, rv, steps, K);
+    }
+    steps_of<false>(acc, left, right, lv, rv, steps, K);
+  }
+
+ private:
+  static constexpr bool ldsm_left = vec && !is_cooperative_v<Left> && !(bytes && tl);
+  static constexpr bool ldsm_right = vec && !is_cooperative_v<Right> && !(bytes && !tr);
+  template <class LR, class RR>
+  static KK_FN bool whole_tiles(const LR& lv, const RR& rv, int steps) {
+    bool ok = rv.how == fetch::shared && rv.inside(0, 8 * IB, 0, steps * KSTEP);
+    if constexpr (!is_cooperative_v<Left>) {
+      KK_TOPS_UNROLL
+      for (int obl = 0; obl < OBW; ++obl)
+        ok = ok && lv.how == fetch::shared &&
+             lv.inside(Layout::row_of_slot(obl * 2) - int(lane_id() >> 2), 16, 0, steps * KSTEP);
+    }
+    return ok;
+  }
+
+  template <bool Whole, class LR, class RR>
+  static KK_FN void steps_of(Acc (&acc)[Layout::capacity], const Left& left, const Right& right, const LR& lv,
+                             const RR& rv, int steps, int K) {
     fragments cur;
     if constexpr (prefetch) {
       if (steps > 0) {
-        load_a(cur, left, lv, 0, K);
+        load_a<Whole>(cur, left, lv, 0, K);
         KK_TOPS_UNROLL
-        for (int p = 0; p < IBP; ++p) load_b(cur, right, rv, p, 0, K);
+        for (int p = 0; p < IBP; ++p) load_b<Whole>(cur, right, rv, p, 0, K);
       }
     }
     if constexpr (static_steps > 0) {
       KK_TOPS_UNROLL
-      for (int s = 0; s < static_steps; ++s) step(acc, cur, left, right, lv, rv, s, steps, K);
+      for (int s = 0; s < static_steps; ++s) step<Whole>(acc, cur, left, right, lv, rv, s, steps, K);
     } else {
-      for (int s = 0; s < steps; ++s) step(acc, cur, left, right, lv, rv, s, steps, K);
+      for (int s = 0; s < steps; ++s) step<Whole>(acc, cur, left, right, lv, rv, s, steps, K);
     }
   }
 
- private:
   template <bool KC, class Op> static KK_FN auto view(const Op& op, int K) {
     if constexpr (vec && !is_cooperative_v<Op>) return rows_of<KC>(op, K);
     else return no_rows{};
   }
 
   // Step s's products. Prefetching, cur holds its fragments on entry and the next step's on return.
-  template <class LR, class RR>
+  template <bool Whole, class LR, class RR>
   static KK_FN void step(Acc (&acc)[Layout::capacity], fragments& cur, const Left& left, const Right& right,
                          const LR& lv, const RR& rv, int s, int steps, int K) {
     if constexpr (prefetch) {
       fragments next;
       if (s + 1 < steps) {
-        load_a(next, left, lv, (s + 1) * KSTEP, K);
+        load_a<Whole>(next, left, lv, (s + 1) * KSTEP, K);
         KK_TOPS_UNROLL
-        for (int p = 0; p < IBP; ++p) load_b(next, right, rv, p, (s + 1) * KSTEP, K);
+        for (int p = 0; p < IBP; ++p) load_b<Whole>(next, right, rv, p, (s + 1) * KSTEP, K);
       }
       KK_TOPS_UNROLL
       for (int p = 0; p < IBP; ++p) products(acc, cur, p);
       cur = next;
     } else {
-      load_a(cur, left, lv, s * KSTEP, K);
+      load_a<Whole>(cur, left, lv, s * KSTEP, K);
       KK_TOPS_UNROLL
       for (int p = 0; p < IBP; ++p) {
-        load_b(cur, right, rv, p, s * KSTEP, K);
+        load_b<Whole>(cur, right, rv, p, s * KSTEP, K);
         products(acc, cur, p);
       }
     }
   }
 
-  template <class LR>
+  // Whole: whole_tiles held, every fragment is read with ldmatrix, unchecked.
+  template <bool Whole, class LR>
   static KK_FN void load_a(fragments& f, const Left& left, const LR& lv, int k0, int K) {
     KK_TOPS_UNROLL
-    for (int obl = 0; obl < OBW; ++obl)
-      fragment_a(left, lv, obl, Layout::row_of_slot(obl * 2) - int(lane_id() >> 2), k0, K, f.a[obl], f.a_lo[obl]);
+    for (int obl = 0; obl < OBW; ++obl) {
+      const int m0 = Layout::row_of_slot(obl * 2) - int(lane_id() >> 2);
+      if constexpr (Whole && ldsm_left) ldsm_a(lv, m0, k0, f.a[obl]);
+      else fragment_a(left, lv, obl, m0, k0, K, f.a[obl], f.a_lo[obl]);
+    }
   }
-  template <class RR>
+  template <bool Whole, class RR>
   static KK_FN void load_b(fragments& f, const Right& right, const RR& rv, int p, int k0, int K) {
-    fragments_b(right, rv, 16 * p, 2 * p + 1 < IB, k0, K, f.b[p], f.b_lo[p]);
+    if constexpr (Whole) ldsm_b(rv, 16 * p, 2 * p + 1 < IB, k0, f.b[p]);
+    else fragments_b(right, rv, 16 * p, 2 * p + 1 < IB, k0, K, f.b[p], f.b_lo[p]);
   }
 
   // The products of column blocks 2p and 2p + 1.
@@ -336,12 +367,9 @@ struct mma_sync_matmul {
   // An interior A fragment from memory rows (v.how is generic or shared).
   template <class E, bool KC>
   static KK_FN void rows_a(const rows_view<E, KC>& v, int m0, int k0, unsigned (&a)[4]) {
-    const int i = int(lane_id()), g = i >> 2, t = i & 3, j = i >> 3;
+    const int i = int(lane_id()), g = i >> 2, t = i & 3;
     if constexpr (!(bytes && !KC)) {
-      if (v.how == fetch::shared) {  // matrix j = a[j]: rows m0 + 8 (j & 1), the (j >> 1)-th 16 bytes of k
-        ldmatrix_x4<!KC>(a, ldmatrix_row(v, m0 + 8 * (j & 1), k0 + CW * (j >> 1), i));
-        return;
-      }
+      if (v.how == fetch::shared) return ldsm_a(v, m0, k0, a);
     }
     KK_TOPS_UNROLL
     for (int r = 0; r < 4; ++r) {
@@ -352,19 +380,34 @@ struct mma_sync_matmul {
     }
   }
 
+  // The A fragment from shared memory rows: matrix j = a[j], rows m0 + 8 (j & 1), the (j >> 1)-th
+  // 16 bytes of k.
+  template <class E, bool KC>
+  static KK_FN void ldsm_a(const rows_view<E, KC>& v, int m0, int k0, unsigned (&a)[4]) {
+    const int i = int(lane_id()), j = i >> 3;
+    ldmatrix_x4<!KC>(a, ldmatrix_row(v, m0 + 8 * (j & 1), k0 + CW * (j >> 1), i));
+  }
+  // The B fragments of column blocks n0 and (two) n0 + 8 from shared memory rows: matrix j of an
+  // x4 is b[j >> 1][j & 1]; of an x2 (lanes 0..15 give the addresses), b[0][j].
+  template <class E, bool KC>
+  static KK_FN void ldsm_b(const rows_view<E, KC>& v, int n0, bool two, int k0, unsigned (&b)[2][2]) {
+    const int i = int(lane_id()), j = i >> 3;
+    if (two) {
+      unsigned r[4];
+      ldmatrix_x4<!tr>(r, ldmatrix_row(v, n0 + 8 * (j >> 1), k0 + CW * (j & 1), i));
+      b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
+    } else {
+      ldmatrix_x2<!tr>(b[0], ldmatrix_row(v, n0, k0 + CW * (j & 1), i));
+    }
+  }
+
   // The B (k x n) fragments of column blocks n0 and (two) n0 + 8, rows k0..
   template <class RR>
   static KK_FN void fragments_b(const Right& rt, const RR& v, int n0, bool two, int k0, int K, unsigned (&b)[2][2],
                                 unsigned (&lo)[2][2]) {
     if constexpr (vec) {
       if constexpr (!(bytes && !tr)) {
-        if (two && v.how == fetch::shared && v.inside(n0, 16, k0, KSTEP)) {  // matrix j: b[j >> 1][j & 1]
-          const int i = int(lane_id()), j = i >> 3;
-          unsigned r[4];
-          ldmatrix_x4<!tr>(r, ldmatrix_row(v, n0 + 8 * (j >> 1), k0 + CW * (j & 1), i));
-          b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
-          return;
-        }
+        if (two && v.how == fetch::shared && v.inside(n0, 16, k0, KSTEP)) return ldsm_b(v, n0, true, k0, b);
       }
     }
     fragment_b(rt, v, n0, k0, K, b[0], lo[0]);
