@@ -58,8 +58,14 @@ auto ctLse = mul_qk_op.template get_row_reduction_destination_cooperative_tensor
 ctLse.load(tensor(lse + bh * Sq, dextents<int, 1>(Sq)).slice(row0));
 for (ushort i = 0; i < ctLse.get_capacity(); ++i) ctLse[i] *= A(1.4426950408889634);
 
-auto ctS = mul_qk_op.template get_destination_cooperative_tensor<decltype(tQSlice), decltype(tK), A>();
-auto ctdP = mul_qk_op.template get_destination_cooperative_tensor<decltype(tdOSlice), decltype(tV), A>();
+// This SIMD-group's queries and output gradients, read once as the left inputs of every tile's
+// products (in registers: the tiles' fragments then all come from threadgroup memory).
+auto ctQ = mul_qk_op.template get_left_input_cooperative_tensor<T, T, A>();
+ctQ.load(tQSlice);
+auto ctdOIn = mul_qk_op.template get_left_input_cooperative_tensor<T, T, A>();
+ctdOIn.load(tdOSlice);
+auto ctS = mul_qk_op.template get_destination_cooperative_tensor<decltype(ctQ), decltype(tK), A>();
+auto ctdP = mul_qk_op.template get_destination_cooperative_tensor<decltype(ctdOIn), decltype(tV), A>();
 const int kend = causal ? min(Sk, q0 + BQ) : Sk;  // causal: no key past the block's last query
 for (int k0 = 0; k0 < kend; k0 += BK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -67,7 +73,7 @@ for (int k0 = 0; k0 < kend; k0 += BK) {
   fa_stage<BK, D, THREADS>(Vs, vp + k0 * v_strides[2], v_strides[2], Sk - k0, tid);
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
-  mul_qk_op.run(tQSlice, tK, ctS);
+  mul_qk_op.run(ctQ, tK, ctS);
   if (k0 + BK <= Sk && (!causal || k0 + BK - 1 <= row0)) {  // every key seen by every query: no mask
     #pragma clang loop unroll(full)
     for (auto it = ctS.begin(); it != ctS.end(); it++) *it = exp2(*it * scale2 - *ctLse.map_iterator(it));
@@ -79,7 +85,7 @@ for (int k0 = 0; k0 < kend; k0 += BK) {
       *it = key < Sk && (!causal || key <= query) ? exp2(*it * scale2 - *ctLse.map_iterator(it)) : A(0);
     }
   }
-  mul_qk_op.run(tdOSlice, tV, ctdP);
+  mul_qk_op.run(ctdOIn, tV, ctdP);
   #pragma clang loop unroll(full)
   for (auto it = ctS.begin(); it != ctS.end(); it++)
     *it *= ctdP[it.get_index()] - *ctDelta.map_iterator(it);  // dS (ctdP: the same layout)

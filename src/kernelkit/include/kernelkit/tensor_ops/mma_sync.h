@@ -220,31 +220,40 @@ struct mma_sync_matmul {
     const auto lv = view<!tl>(left, K);
     const auto rv = view<tr>(right, K);
     const int steps = static_steps ? static_steps : ceil_div(K, KSTEP);
-    // Every fragment inside the operands and in shared memory (a staged tile, flash attention's):
-    // one check here, and the loop reads each fragment with ldmatrix and no per-fragment test
-    // (those tests and their branches were most of an attention tile's instructions).
-    if constexpr (ldsm_right && (is_cooperative_v<Left> || ldsm_left)) {
-      if (whole_tiles(lv, rv, steps)) return steps_of<true>(acc, left, right, lv, rv, steps, K);
+    // Every fragment inside the operands, the right one's in shared memory (a staged tile, flash
+    // attention's): one check here, and the loop reads each fragment with ldmatrix (or, for a left
+    // operand in device memory, 32-bit loads) and no per-fragment test (those tests and their
+    // branches were most of an attention tile's instructions).
+    if constexpr (ldsm_right) {
+      const int whole = whole_tiles(lv, rv, steps);
+      if (whole == 1) return steps_of<1>(acc, left, right, lv, rv, steps, K);
+      if constexpr (!is_cooperative_v<Left>) {
+        if (whole == 2) return steps_of<2>(acc, left, right, lv, rv, steps, K);
+      }
     }
-    steps_of<false>(acc, left, right, lv, rv, steps, K);
+    steps_of<0>(acc, left, right, lv, rv, steps, K);
   }
 
  private:
   static constexpr bool ldsm_left = vec && !is_cooperative_v<Left> && !(bytes && tl);
   static constexpr bool ldsm_right = vec && !is_cooperative_v<Right> && !(bytes && !tr);
+  // 1: every fragment inside, the left operand cooperative or in shared memory (ldmatrix); 2: the
+  // left one in device memory (32-bit loads); 0: otherwise.
   template <class LR, class RR>
-  static KK_FN bool whole_tiles(const LR& lv, const RR& rv, int steps) {
-    bool ok = rv.how == fetch::shared && rv.inside(0, 8 * IB, 0, steps * KSTEP);
-    if constexpr (!is_cooperative_v<Left>) {
+  static KK_FN int whole_tiles(const LR& lv, const RR& rv, int steps) {
+    if (rv.how != fetch::shared || !rv.inside(0, 8 * IB, 0, steps * KSTEP)) return 0;
+    if constexpr (is_cooperative_v<Left>) {
+      return 1;
+    } else {
+      bool in = true;
       KK_TOPS_UNROLL
       for (int obl = 0; obl < OBW; ++obl)
-        ok = ok && lv.how == fetch::shared &&
-             lv.inside(Layout::row_of_slot(obl * 2) - int(lane_id() >> 2), 16, 0, steps * KSTEP);
+        in = in && lv.inside(Layout::row_of_slot(obl * 2) - int(lane_id() >> 2), 16, 0, steps * KSTEP);
+      return !in ? 0 : lv.how == fetch::shared && ldsm_left ? 1 : 2;
     }
-    return ok;
   }
 
-  template <bool Whole, class LR, class RR>
+  template <int Whole, class LR, class RR>
   static KK_FN void steps_of(Acc (&acc)[Layout::capacity], const Left& left, const Right& right, const LR& lv,
                              const RR& rv, int steps, int K) {
     fragments cur;
@@ -269,7 +278,7 @@ struct mma_sync_matmul {
   }
 
   // Step s's products. Prefetching, cur holds its fragments on entry and the next step's on return.
-  template <bool Whole, class LR, class RR>
+  template <int Whole, class LR, class RR>
   static KK_FN void step(Acc (&acc)[Layout::capacity], fragments& cur, const Left& left, const Right& right,
                          const LR& lv, const RR& rv, int s, int steps, int K) {
     if constexpr (prefetch) {
@@ -292,19 +301,21 @@ struct mma_sync_matmul {
     }
   }
 
-  // Whole: whole_tiles held, every fragment is read with ldmatrix, unchecked.
-  template <bool Whole, class LR>
+  // Whole (whole_tiles' answer): 1 or 2, every fragment is read unchecked, the right one's with
+  // ldmatrix, the left one's with ldmatrix (1) or 32-bit loads (2).
+  template <int Whole, class LR>
   static KK_FN void load_a(fragments& f, const Left& left, const LR& lv, int k0, int K) {
     KK_TOPS_UNROLL
     for (int obl = 0; obl < OBW; ++obl) {
       const int m0 = Layout::row_of_slot(obl * 2) - int(lane_id() >> 2);
-      if constexpr (Whole && ldsm_left) ldsm_a(lv, m0, k0, f.a[obl]);
+      if constexpr (Whole == 1 && ldsm_left) ldsm_a(lv, m0, k0, f.a[obl]);
+      else if constexpr (Whole == 2) loads_a(lv, m0, k0, f.a[obl]);
       else fragment_a(left, lv, obl, m0, k0, K, f.a[obl], f.a_lo[obl]);
     }
   }
-  template <bool Whole, class RR>
+  template <int Whole, class RR>
   static KK_FN void load_b(fragments& f, const Right& right, const RR& rv, int p, int k0, int K) {
-    if constexpr (Whole) ldsm_b(rv, 16 * p, 2 * p + 1 < IB, k0, f.b[p]);
+    if constexpr (Whole != 0) ldsm_b(rv, 16 * p, 2 * p + 1 < IB, k0, f.b[p]);
     else fragments_b(right, rv, 16 * p, 2 * p + 1 < IB, k0, K, f.b[p], f.b_lo[p]);
   }
 
@@ -367,10 +378,15 @@ struct mma_sync_matmul {
   // An interior A fragment from memory rows (v.how is generic or shared).
   template <class E, bool KC>
   static KK_FN void rows_a(const rows_view<E, KC>& v, int m0, int k0, unsigned (&a)[4]) {
-    const int i = int(lane_id()), g = i >> 2, t = i & 3;
     if constexpr (!(bytes && !KC)) {
       if (v.how == fetch::shared) return ldsm_a(v, m0, k0, a);
     }
+    loads_a(v, m0, k0, a);
+  }
+  // An interior A fragment read with 32-bit loads (any memory).
+  template <class E, bool KC>
+  static KK_FN void loads_a(const rows_view<E, KC>& v, int m0, int k0, unsigned (&a)[4]) {
+    const int i = int(lane_id()), g = i >> 2, t = i & 3;
     KK_TOPS_UNROLL
     for (int r = 0; r < 4; ++r) {
       const int o = m0 + 8 * (r & 1), k = k0 + CW * (r >> 1);
