@@ -404,17 +404,20 @@ struct mma_sync_matmul {
     ldmatrix_x4<!KC>(a, ldmatrix_row(v, m0 + 8 * (j & 1), k0 + CW * (j >> 1), i));
   }
   // The B fragments of column blocks n0 and (two) n0 + 8 from shared memory rows: matrix j of an
-  // x4 is b[j >> 1][j & 1]; of an x2 (lanes 0..15 give the addresses), b[0][j].
+  // x4 is b[j >> 1][j & 1].
   template <class E, bool KC>
   static KK_FN void ldsm_b(const rows_view<E, KC>& v, int n0, bool two, int k0, unsigned (&b)[2][2]) {
+    if (!two) return ldsm_b1(v, n0, k0, b[0]);
     const int i = int(lane_id()), j = i >> 3;
-    if (two) {
-      unsigned r[4];
-      ldmatrix_x4<!tr>(r, ldmatrix_row(v, n0 + 8 * (j >> 1), k0 + CW * (j & 1), i));
-      b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
-    } else {
-      ldmatrix_x2<!tr>(b[0], ldmatrix_row(v, n0, k0 + CW * (j & 1), i));
-    }
+    unsigned r[4];
+    ldmatrix_x4<!tr>(r, ldmatrix_row(v, n0 + 8 * (j >> 1), k0 + CW * (j & 1), i));
+    b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
+  }
+  // The B fragment of column block n0 alone: lanes 0..15 give the addresses, matrix j = b[j].
+  template <class E, bool KC>
+  static KK_FN void ldsm_b1(const rows_view<E, KC>& v, int n0, int k0, unsigned (&b)[2]) {
+    const int i = int(lane_id());
+    ldmatrix_x2<!tr>(b, ldmatrix_row(v, n0, k0 + CW * ((i >> 3) & 1), i));
   }
 
   // The B (k x n) fragments of column blocks n0 and (two) n0 + 8, rows k0..
@@ -436,10 +439,7 @@ struct mma_sync_matmul {
     if constexpr (vec) {
       if (v.inside(n0, 8, k0, KSTEP)) {
         if constexpr (!(bytes && !tr)) {
-          if (v.how == fetch::shared) {  // lanes 0..15 give the addresses: matrix j = b[j]
-            ldmatrix_x2<!tr>(b, ldmatrix_row(v, n0, k0 + CW * ((i >> 3) & 1), i));
-            return;
-          }
+          if (v.how == fetch::shared) return ldsm_b1(v, n0, k0, b);
         }
         KK_TOPS_UNROLL
         for (int r = 0; r < 2; ++r) {

@@ -45,11 +45,15 @@ struct staged_io {
     }
 #endif
     if constexpr (pairs) {
+      // A pair's first column is even: both elements adjacent and aligned as one wherever the
+      // columns are contiguous, the rows' stride even and the tensor's start aligned.
+      const bool paired = t.get_stride(0) == 1 && (t.get_stride(1) & 1) == 0 &&
+                          reinterpret_cast<unsigned long long>(t.data()) % sizeof(pair<U>) == 0;
       KK_TOPS_UNROLL
       for (int i = 0; i < Layout::capacity; i += 2) {
         int c[2];
         Layout::coords(i, c);
-        if (Layout::is_valid(i + 1) && pair_fits<U>(t, c)) {
+        if (paired && Layout::is_valid(i + 1) && c[1] < int(t.get_extent(1)) && c[0] + 1 < int(t.get_extent(0))) {
           *reinterpret_cast<pair<U>*>(&t(c[0], c[1])) = pair<U>{convert<U>(v[i]), convert<U>(v[i + 1])};
         } else {
           store_one(v, t, i);
@@ -108,11 +112,6 @@ struct staged_io {
   template <class Tn> static KK_FN auto& element(const Tn& t, const int (&c)[2]) {
     if constexpr (Layout::rank == 1) return t(c[0]);
     else return t(c[0], c[1]);
-  }
-  // Both elements of a pair inside t, adjacent in memory and aligned as one.
-  template <class U, class Tn> static KK_FN bool pair_fits(const Tn& t, const int (&c)[2]) {
-    return c[1] >= 0 && c[1] < int(t.get_extent(1)) && c[0] >= 0 && c[0] + 1 < int(t.get_extent(0)) &&
-           t.get_stride(0) == 1 && reinterpret_cast<unsigned long long>(&t(c[0], c[1])) % sizeof(pair<U>) == 0;
   }
 
 #if defined(KK_TARGET_CUDA) && !defined(KK_TOPS_NO_WARPGROUP)
