@@ -45,3 +45,69 @@ def test_two_warpgroups_take_their_shared_memory(nvrtc):
                               inputs=args["inputs"], output_dtypes=args["output_dtypes"], template=args["template"])
     assert compiled.arch == "sm_90a"
     assert cuda.tensor_ops_shared(compiled.binary) == 4 * (256 + 128) * 128 + 1536
+
+
+# kernelkit's extension of Apple's API: a left input cooperative tensor on execution_simdgroups<W>
+# (Apple's SDK takes input cooperative tensors on execution_simdgroup only). On Hopper it is
+# wgmma's register operand: C = A B into a destination cooperative tensor, then O = C V1 + C V2,
+# C reused in registers as the left input (flash attention's pattern), the right operands read
+# from device memory, rows, columns and keys past the tensors' ends included.
+_REGISTERS = """
+  constexpr auto mul_desc = matmul2d_descriptor(M, N, K, false, TB);
+  matmul2d<mul_desc, execution_simdgroups<W>> mul_op;
+  constexpr auto acc_desc = matmul2d_descriptor(M, NV, N, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
+  matmul2d<acc_desc, execution_simdgroups<W>> acc_op;
+  const int rows = a_shape[0], nb = TB ? b_shape[0] : b_shape[1], row0 = threadgroup_position_in_grid.x * M;
+  auto tA = tensor(a, dextents<int, 2>(K, rows), array<int, 2>({1, K}));
+  auto tB = TB ? tensor(b, dextents<int, 2>(K, nb), array<int, 2>({1, K})) : tensor(b, dextents<int, 2>(nb, K), array<int, 2>({1, nb}));
+  auto tV = tensor(v, dextents<int, 2>(NV, int(v_shape[0])), array<int, 2>({1, NV}));
+  auto ctA = mul_op.template get_left_input_cooperative_tensor<T, T, float>();
+  ctA.load(tA.slice(0, row0));
+  auto ctC = mul_op.template get_destination_cooperative_tensor<decltype(ctA), decltype(tB), float>();
+  mul_op.run(ctA, tB, ctC);
+  auto ctP = acc_op.template get_left_input_cooperative_tensor<T, T, float>(ctC);
+  auto ctO = acc_op.template get_destination_cooperative_tensor<decltype(ctP), decltype(tV), float>();
+  acc_op.run(ctP, tV, ctO);
+  acc_op.run(ctP, tV.slice(0, N), ctO);
+  auto tO = tensor(o, dextents<int, 2>(NV, rows), array<int, 2>({1, NV}));
+  ctO.store(tO.slice(0, row0));
+"""
+
+
+@pytest.mark.parametrize("W", [4, 8])
+@pytest.mark.parametrize("TB", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_left_input_cooperative_on_simdgroups(device, W, TB, dtype):
+    import kernelkit as kk
+    M, N, K, NV = 16 * W, 128, 64, 64
+    rows, nb, nv = 150, 100, 200  # a tail of rows, fewer columns of B than N, V2 with N - 56 rows
+    a = torch.randn(rows, K, device=device).to(dtype)
+    b = torch.randn((nb, K) if TB else (K, nb), device=device).to(dtype)
+    v = torch.randn(nv, NV, device=device).to(dtype)
+    kernel = kk.metal_kernel(name="left_input_cooperative", input_names=["a", "b", "v"], output_names=["o"],
+                             source=_REGISTERS, header="#include <metal_tensor>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\nusing namespace mpp::tensor_ops;\n")
+    o = kernel(inputs=[a, b, v], template=[("T", dtype), ("M", M), ("N", N), ("K", K), ("NV", NV), ("W", W), ("TB", TB)],
+               output_shapes=[(rows, NV)], output_dtypes=[torch.float32], init_value=float("nan"),
+               grid=(32 * W * -(-rows // M), 1, 1), threadgroup=(32 * W, 1, 1))[0]
+    c = a.double() @ (b.double().T if TB else b.double())  # rows x nb; columns nb..N read as zero
+    p = torch.zeros(rows, N, dtype=torch.float64, device=device)
+    p[:, :nb] = c.to(dtype).double()
+    vz = torch.zeros(2 * N, NV, dtype=torch.float64, device=device)
+    vz[:nv] = v.double()
+    ref = p @ vz[:N] + p @ vz[N:]
+    torch.testing.assert_close(o.double(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def test_right_input_cooperative_needs_one_simdgroup():
+    import kernelkit as kk
+    src = """
+  constexpr auto desc = matmul2d_descriptor(64, 64, 64);
+  matmul2d<desc, execution_simdgroups<4>> op;
+  auto ct = op.template get_right_input_cooperative_tensor<float, float, float>();
+  o[0] = ct.get_capacity();
+"""
+    kernel = kk.metal_kernel(name="right_input_cooperative", input_names=["a"], output_names=["o"], source=src,
+                             header="#include <metal_tensor>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\nusing namespace mpp::tensor_ops;\n")
+    with pytest.raises(kk.CompileError, match="Input cooperative tensors require a single SIMD group"):
+        kernel(inputs=[torch.zeros(1)], output_shapes=[(1,)], output_dtypes=[torch.float32], grid=(128, 1, 1),
+               threadgroup=(128, 1, 1))

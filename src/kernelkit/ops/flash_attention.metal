@@ -2,11 +2,14 @@
 // (flash_attention_forward.metal, _dq.metal, _dkdv.metal) share.
 //
 // Every kernel is a template over T (the element type), A (the accumulator: float, or double for
-// float64), D (the head dim), BK (the rows of a staged tile), NW (SIMD-groups a threadgroup) and
-// BSHD (the outputs' layout). Each SIMD-group owns 16 rows of its threadgroup's block and runs
-// its matmul2d ops on execution_simdgroup: the cooperative tensors are then the tensor cores'
-// own fragments (layout.h), and a destination is reused as the next op's left input in registers.
-// Scores are kept in the log2 domain (scaled by scale * log2(e)) so that exp2 does the softmax.
+// float64), D (the head dim), BK (the keys or queries a step reads), NW (SIMD-groups a
+// threadgroup) and BSHD (the outputs' layout). The forward runs its ops over the whole
+// threadgroup (execution_simdgroups<NW>: on Hopper one warpgroup, wgmma with the queries and
+// the probabilities in registers); the backward's SIMD-groups each own 16 rows of the block and
+// run execution_simdgroup ops on tiles they stage in threadgroup memory. Either way the
+// cooperative tensors are the tensor cores' own fragments (layout.h), and a destination is reused
+// as the next op's left input in registers. Scores are kept in the log2 domain (scaled by
+// scale * log2(e)) so that exp2 does the softmax.
 #include <metal_tensor>
 #include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
 using namespace mpp::tensor_ops;

@@ -4,7 +4,8 @@ the keys, never holding the scores, with a FlashAttention-2 backward; differenti
 The forward (flash_attention_forward.metal) is the talk's loop on kernelkit's tensor-op layer:
 QK^T into a cooperative tensor by matmul2d, reduce_rows for the running max, map_iterator for
 the exponentials and the rescaling, and the probabilities reused in registers as the left input
-of the PV matmul2d. It keeps each row's log-sum-exp for the backward, which recomputes the
+of the PV matmul2d; its ops span the threadgroup (on Hopper a warpgroup's wgmma, the queries
+and probabilities its register operand, K and V staged by the ops). It keeps each row's log-sum-exp for the backward, which recomputes the
 probabilities from it: one kernel for dQ (it also computes D = rowsum(dO * O)), one for dK and
 dV (each threadgroup owns a block of keys and sums over every query head that reads them), so no
 atomics. Causal masking is top-left aligned, as torch's scaled_dot_product_attention(is_causal=
@@ -46,6 +47,13 @@ def _tile(dtype: torch.dtype, d: int) -> int:
     return max(16, min(64, 16384 // (d * dtype.itemsize)))
 
 
+def _keys(d: int) -> int:
+    """Keys a forward step reads: the forward's ops read K and V from device memory (on Hopper
+    they stage them themselves for wgmma, whose n is a multiple of 64 up to 256); 128 keep the
+    scores and the output in registers up to D = 128."""
+    return 128 if d <= 128 else 64
+
+
 def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -65,9 +73,8 @@ def _scale(scale: float, dtype: torch.dtype, device):
     return torch.tensor(scale, dtype=dtype, device=device) if dtype == torch.float64 else float(scale)
 
 
-def _template(dtype: torch.dtype, d: int, layout: str):
-    return [("T", dtype), ("A", _acc(dtype)), ("D", d), ("BK", _tile(dtype, d)), ("NW", _NW),
-            ("BSHD", layout == "bshd")]
+def _template(dtype: torch.dtype, d: int, layout: str, bk: int):
+    return [("T", dtype), ("A", _acc(dtype)), ("D", d), ("BK", bk), ("NW", _NW), ("BSHD", layout == "bshd")]
 
 
 def _check(q, k, v, causal, scale, layout) -> Preconditions:
@@ -107,7 +114,7 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     BQ = _NW * 16
     o, lse = _forward(inputs=[_rows(_bhsd(q, layout)), _rows(_bhsd(k, layout)), _rows(_bhsd(v, layout)),
                               _scale(scale, acc, q.device), causal],
-                      template=_template(q.dtype, D, layout), output_shapes=[q.shape, (B, H, Sq)],
+                      template=_template(q.dtype, D, layout, _keys(D)), output_shapes=[q.shape, (B, H, Sq)],
                       output_dtypes=[q.dtype, acc], grid=(_NW * 32 * -(-Sq // BQ), H, B),
                       threadgroup=(_NW * 32, 1, 1))
     return o, lse
@@ -128,7 +135,7 @@ def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = Fa
     o4, do4 = _rows(_bhsd(o, layout)), _rows(_bhsd(dout.to(q.dtype), layout))
     lse = lse.to(acc).contiguous()
     s = _scale(scale, acc, q.device)
-    template = _template(q.dtype, D, layout)
+    template = _template(q.dtype, D, layout, _tile(q.dtype, D))
     BQ = _NW * 16
     dq, delta = _dq(inputs=[q4, k4, v4, o4, do4, lse, dlse.to(acc).expand(B, H, Sq).contiguous(), s, causal],
                     template=template, output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, acc],

@@ -99,9 +99,14 @@ KK_FN void rebind_thread() {
 }
 template <class T>
 KK_FN T lane_read(const T& v, unsigned from, const kk::site& s) {
+#if defined(KK_TARGET_CUDA)
+  (void)s;  // one SHFL: no active-lane mask to find, the whole SIMD-group is here
+  return kk::detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(0xffffffffu, w, from & 31u); });
+#else
   const T r = kk::simd_shuffle(v, from, s);
   rebind_thread();
   return r;
+#endif
 }
 // An op over W SIMD-groups (W = 0: one thread) needs them whole in the threadgroup (Metal leaves a
 // mismatch undefined). The CPU stops the launch with a clear error; the GPU does not check.

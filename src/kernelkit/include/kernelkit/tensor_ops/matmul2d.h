@@ -101,7 +101,7 @@ class matmul2d {
   }
   template <class LE, class RE, class T, class CoordType = int>
   KK_FN cooperative_tensor_right_input_t<LE, RE, T, CoordType> get_right_input_cooperative_tensor() const {
-    check_inputs<LE, RE, T>();
+    check_inputs<LE, RE, T, false>();
     return {};
   }
   template <class LE, class RE, class T, class CoordType = int, class SE, class SX, class SL>
@@ -115,7 +115,7 @@ class matmul2d {
   template <class LE, class RE, class T, class CoordType = int, class SE, class SX, class SL>
   KK_FN cooperative_tensor_right_input_t<LE, RE, T, CoordType> get_right_input_cooperative_tensor(
       const metal::cooperative_tensor<SE, SX, SL>& src, kk::site s = KK_TOPS_SITE("get_right_input_cooperative_tensor")) const {
-    check_source<LE, RE, T, SL, KS, Descriptor.n>();
+    check_source<LE, RE, T, SL, KS, Descriptor.n, false>();
     cooperative_tensor_right_input_t<LE, RE, T, CoordType> r;
     kk::tops::relayout(r, src, s);
     return r;
@@ -128,7 +128,7 @@ class matmul2d {
   }
   template <class LE, class RE, class T, class SE, class SX, class SL>
   KK_FN bool is_compatible_as_right_input(const metal::cooperative_tensor<SE, SX, SL>&) const {
-    check_source<LE, RE, T, SL, KS, Descriptor.n>();
+    check_source<LE, RE, T, SL, KS, Descriptor.n, false>();
     return kk::tops::same_registers_v<typename cooperative_tensor_right_input_t<LE, RE, T>::layout, SL>;
   }
 
@@ -227,17 +227,22 @@ class matmul2d {
 #endif
   }
 
-  template <class LE, class RE, class T>
+  // Apple's SDK takes input cooperative tensors on execution_simdgroup only. kernelkit also takes
+  // a left input on execution_simdgroups<N> (on Hopper, a warpgroup's left input in registers is
+  // wgmma's A operand; a body that uses it is kernelkit's, not Apple's); a right input's columns
+  // would be spread over the SIMD-groups, so it stays single.
+  template <class LE, class RE, class T, bool Left = true>
   static KK_FN void check_inputs() {
-    static_assert(W == 1, "Input cooperative tensors require a single SIMD group");
+    static_assert(W == 1 || (Left && W > 1), "Input cooperative tensors require a single SIMD group "
+                                             "(kernelkit: a left input also takes execution_simdgroups<N>)");
     static_assert(KS > 0, "Inner dimension cannot be dynamic with input cooperative tensors");
     static_assert(plain_v<LE> && plain_v<RE> && plain_v<T>, "input cooperative tensors take element types <left, right, destination>");
   }
-  template <class LE, class RE, class T, class SL, int OUTER, int INNER>
+  template <class LE, class RE, class T, class SL, int OUTER, int INNER, bool Left = true>
   static KK_FN void check_source() {
-    check_inputs<LE, RE, T>();
+    check_inputs<LE, RE, T, Left>();
     static_assert(SL::which == kk::tops::role::destination, "Source must be matmul2d cooperative destination tensor");
-    static_assert(SL::simdgroups == 1, "Input cooperative tensors require a single SIMD group");
+    static_assert(SL::simdgroups == W, "Source must be a cooperative destination of an op of the same scope");
     static_assert(SL::outer == OUTER && SL::inner == INNER,
                   "Source extents must match the input's: (m x k) for a left input, (k x n) for a right input");
   }

@@ -167,13 +167,13 @@ KK_FN rows_view<typename operand_traits<Tn>::value_type, KC> rows_of(const Tn& t
   return v;
 }
 
-// A left-input cooperative tensor of one SIMD-group whose elements are half (bfloat) and whose
+// A left-input cooperative tensor whose elements are half (bfloat) and whose
 // right operand is too: its registers are the m16n8k16 A fragments as they stand (layout.h), so
 // run reads them without a lane exchange.
 template <class Left, class RV> inline constexpr bool mma_sync_left_input_v = false;
 template <class E, class X, class L, class RV>
 inline constexpr bool mma_sync_left_input_v<metal::cooperative_tensor<E, X, L>, RV> =
-    L::which == role::left && L::simdgroups == 1 && (kind_of<E> == kind::f16 || kind_of<E> == kind::bf16) &&
+    L::which == role::left && (kind_of<E> == kind::f16 || kind_of<E> == kind::bf16) &&
     kind_of<E> == kind_of<RV>;
 
 template <class Acc, mpp::tensor_ops::matmul2d_descriptor D, class Layout, class Left, class Right>

@@ -54,13 +54,14 @@ template <bool Transposed, class Tn> KK_FN int right_k(const Tn& t) { return int
 
 // Element (outer, inner) of a cooperative operand in the fragment layout, for the lane that asks:
 // every lane of the SIMD-group calls this with the same (block, half, k) arguments, each asking for
-// the outer index `o` its own slot needs (in the same 16-block and half). The element lives in lane
-// 4 * (o % 8) + (inner % 8) / 2 at an index that depends only on the arguments (layout.h).
+// the outer index `o` its own slot needs (in the same 16-block and half, one of this SIMD-group's
+// blocks). The element lives in lane 4 * (o % 8) + (inner % 8) / 2 at an index that depends only
+// on the arguments (layout.h: the block's slot among the SIMD-group's, then the column).
 template <class Acc, class CT>
 KK_FN Acc lane_value(const CT& ct, int o, int inner, const kk::site& s) {
   using L = typename CT::layout;
-  static_assert(L::simdgroups == 1, "Input cooperative tensors require a single SIMD group");
-  const int idx = ((o / 16) * L::IB + inner / 8) * 4 + ((o & 15) >> 3) * 2 + (inner & 1);
+  const int slot = ((o / 16) % (L::OBW * L::P)) / L::P;  // this SIMD-group's slot of block o / 16
+  const int idx = (slot * L::IB + inner / 8) * 4 + ((o & 15) >> 3) * 2 + (inner & 1);
   const unsigned from = unsigned((o & 7) << 2) | unsigned((inner & 7) >> 1);
   const auto v = lane_read(ct.v[idx], from, s);
   return convert<Acc>(v);
@@ -81,9 +82,10 @@ KK_FN void relayout(DCT& dst, const SCT& src, const kk::site& s) {
   using S = typename SCT::layout;
   using E = typename DCT::element_type;
   if constexpr (same_registers_v<D, S>) {
-    for (int i = 0; i < D::capacity; ++i) dst.v[i] = convert<E>(src.v[i]);
+    convert_all(dst.v, src.v);
   } else {
-    static_assert(S::simdgroups == 1 && D::simdgroups == 1, "Input cooperative tensors require a single SIMD group");
+    static_assert(S::simdgroups == 1 && D::simdgroups == 1,
+                  "An input cooperative tensor in another layout than its source's needs a single SIMD group");
     check_scope(1, s);
     for (int i = 0; i < D::capacity; ++i) {
       int o, n;

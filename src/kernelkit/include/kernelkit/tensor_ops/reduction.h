@@ -28,11 +28,18 @@ struct reduction_operation_identity {
 namespace kk {
 namespace tops {
 
+// max / min of float and double as fmax / fmin (one instruction on the GPU; a NaN operand yields
+// the other one), of other types by comparison.
 template <class T>
 KK_FN T reduce_op(mpp::tensor_ops::reduction_operation op, T a, T b) {
+  constexpr bool ieee = is_same_v<T, float> || is_same_v<T, double>;
   switch (op) {
-    case mpp::tensor_ops::reduction_operation::max: return b > a ? b : a;
-    case mpp::tensor_ops::reduction_operation::min: return b < a ? b : a;
+    case mpp::tensor_ops::reduction_operation::max:
+      if constexpr (ieee) return fmax(a, b);
+      else return b > a ? b : a;
+    case mpp::tensor_ops::reduction_operation::min:
+      if constexpr (ieee) return fmin(a, b);
+      else return b < a ? b : a;
     default: return T(a + b);
   }
 }

@@ -107,6 +107,19 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// cp_async_wait<N> for an N known once the caller's loop is unrolled (0 .. 7).
+__device__ __forceinline__ void cp_async_wait_dynamic(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+  }
+}
 // Shared memory written through the generic proxy (cp.async, st.shared), read next by wgmma
 // (the async proxy): each writer fences before the barrier.
 __device__ __forceinline__ void fence_proxy_async() {
@@ -282,6 +295,30 @@ __device__ __forceinline__ void acquire_map(const void* global) {
                ", " KK_WG_X##N ", p;\n}\n"                                                         \
                : KK_WG_OPS##N(KK_WG_I, d)                                                          \
                : "l"(da), "l"(db), "r"(scale_d))
+// A in registers (RS, 16-bit types): after d, a's four registers, b's descriptor, scale-d, trans-b.
+#define KK_WG_RA64 "{%32, %33, %34, %35}, %36"
+#define KK_WG_RS64 "%37"
+#define KK_WG_RT64 "%38"
+#define KK_WG_RA128 "{%64, %65, %66, %67}, %68"
+#define KK_WG_RS128 "%69"
+#define KK_WG_RT128 "%70"
+#define KK_WG_RA192 "{%96, %97, %98, %99}, %100"
+#define KK_WG_RS192 "%101"
+#define KK_WG_RT192 "%102"
+#define KK_WG_RA256 "{%128, %129, %130, %131}, %132"
+#define KK_WG_RS256 "%133"
+#define KK_WG_RT256 "%134"
+#define KK_WG_MMA16_RS(N, TYPES)                                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " KK_WG_RS##N ", 0;\n"                           \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPES " " KK_WG_D##N ", " KK_WG_RA##N \
+               ", p, 1, 1, " KK_WG_RT##N ";\n}\n"                                                  \
+               : KK_WG_OPS##N(KK_WG_F, d)                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TransB))
+#define KK_WG_CASE_RS(N)                                                                           \
+  if constexpr (BN == N) {                                                                         \
+    if constexpr (A == F16) KK_WG_MMA16_RS(N, "f16.f16");                                          \
+    else KK_WG_MMA16_RS(N, "bf16.bf16");                                                           \
+  }
 #define KK_WG_CASE(N)                                                                              \
   if constexpr (BN == N) {                                                                         \
     if constexpr (A == F16) KK_WG_MMA16(N, "f16.f16");                                             \
@@ -313,6 +350,13 @@ namespace detail {
 template <int BN, int A, int B, int TransA, int TransB, class TAcc>
 __device__ __forceinline__ void mma(TAcc* d, unsigned long long da, unsigned long long db, int scale_d) {
   KK_WG_CASE(64) KK_WG_CASE(128) KK_WG_CASE(192) KK_WG_CASE(256)
+}
+
+// The same with A from registers (16-bit types): a, this thread's four A registers for the k16
+// step, in the m16n8k16 A fragment's order (rows g, g + 8; columns 2t, 2t + 8).
+template <int BN, int A, int TransB>
+__device__ __forceinline__ void mma_rs(float* d, const unsigned (&a)[4], unsigned long long db, int scale_d) {
+  KK_WG_CASE_RS(64) KK_WG_CASE_RS(128) KK_WG_CASE_RS(192) KK_WG_CASE_RS(256)
 }
 
 template <int Bytes> struct bits;
@@ -363,7 +407,18 @@ template <class T, int R, bool KMajor, int Threads> struct stager {
     const int k_valid = K - k0;
     const int outer_valid = KMajor ? mn_valid : k_valid, inner_valid = KMajor ? k_valid : mn_valid;
     const T* base = p + (long)k0 * (KMajor ? is : os);
-    if (vec) {
+    // A whole tile (the common case) where a pass of the threads covers whole swizzle atoms: no
+    // bounds a chunk. Pass n copies row o0 + n * step, the same chunk: its source moves by step
+    // rows, its destination by step * 128 bytes (step a multiple of 8: the same swizzle).
+    constexpr bool passes = Threads % chunks == 0 && (Threads / chunks) % 8 == 0;
+    if (passes && vec && outer_valid >= n_outer && inner_valid >= inner) {
+      constexpr int E = 16 / size, step = passes ? Threads / chunks : 8;
+      const int o0 = int(unsigned(t) / chunks), c = int(unsigned(t) % chunks);
+      const T* src = base + (long)o0 * os + c * E;
+      const unsigned d0 = dst + offset(o0, c * 16);
+#pragma unroll
+      for (int n = 0; n < n_outer / step; ++n) cp_async16(d0 + n * step * 128, src + (long)n * step * os, 16);
+    } else if (vec) {
       constexpr int E = 16 / size;
 #pragma unroll
       for (int n = 0; n < n_outer * chunks / Threads; ++n) {
@@ -495,7 +550,72 @@ struct warpgroup_gemm {
     run_as<true, true, true>(acc, A_, a_rs, a_cs, B_, b_rs, b_cs, m_valid, n_valid, K, accumulate, &scales);
   }
 
+  // A in registers (RS; 16-bit types): acc (+)= A * B[0:K, 0:n_valid] with A given as this
+  // thread's fragments, a[mi][s] for its warpgroup's 64-row block mi and k16 step s (the
+  // m16n8k16 A fragment: rows g, g + 8, columns 2t, 2t + 8 of the warp's 16 rows). K <= KS; B's
+  // rows past K read as zero (A's columns past K must be zero or finite). B is staged whole,
+  // ceil(KS / 64) stages of BN x 128 bytes, every stage's copies issued at once (cp.async: no
+  // tensor map to make, so a run costs no set-up) and each stage's MMAs started as it lands:
+  // the loop of a kernel that slides B over a long operand (attention's keys) pays one
+  // operand's latency a run, hidden by the other threadgroups of the SM.
+  static constexpr int rs_stages(int KS) { return (KS + BK - 1) / BK; }
+  static constexpr int rs_smem_bytes(int KS) { return rs_stages(KS) * BN * 128 + 1024; }
+  template <int KS>
+  __device__ static void run_rs(TAcc (&acc)[acc_per_thread], const unsigned (&a)[rows / 64][KS / 16][4], const TB* B_,
+                                long b_rs, long b_cs, int n_valid, int K, bool accumulate) {
+    static_assert(supported && is16 && KS % 16 == 0 && KS > 0, "warpgroup_gemm::run_rs: 16-bit types, K a multiple of 16");
+    if (b_cs == 1 && b_rs != 1) run_rs_as<KS, false>(acc, a, B_, b_rs, b_cs, n_valid, K, accumulate);
+    else run_rs_as<KS, true>(acc, a, B_, b_rs, b_cs, n_valid, K, accumulate);
+  }
+
  private:
+  template <int KS, bool KB>
+  __device__ static void run_rs_as(TAcc (&acc)[acc_per_thread], const unsigned (&a)[rows / 64][KS / 16][4],
+                                   const TB* B_, long b_rs, long b_cs, int n_valid, int K, bool accumulate) {
+    using namespace detail;
+    constexpr int stages = rs_stages(KS), steps = KS / 16;
+    const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int t = linear % threads, group = linear / threads;
+    unsigned dynamic;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+    if (dynamic < unsigned((group + 1) * rs_smem_bytes(KS))) __trap();  // (as run_as)
+    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
+    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + group * rs_smem_bytes(KS) + 1023) & ~1023u;
+    const int barrier = 1 + group;
+    const stager<TB, BN, KB, threads> sb(B_, b_cs, b_rs, n_valid);
+#pragma unroll
+    for (int s = 0; s < stages; ++s) {
+      sb.load(base + s * sb.bytes, s * BK, K, t);
+      cp_async_commit();
+    }
+    if (!accumulate) {
+#pragma unroll
+      for (int i = 0; i < acc_per_thread; ++i) acc[i] = TAcc(0);
+    }
+#pragma unroll
+    for (int s = 0; s < stages; ++s) {
+      cp_async_wait_dynamic(stages - 1 - s);  // (a constant in the unrolled loop)
+      fence_proxy_async();
+      named_barrier(barrier, threads);  // every thread's copies of stage s have landed
+#pragma unroll
+      for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (s * 4 + kk < steps) {
+          const unsigned long long db = stager<TB, BN, KB, threads>::desc(base + s * sb.bytes, 0, kk);
+#pragma unroll
+          for (int mi = 0; mi < rows / 64; ++mi) mma_rs<BN, A, KB ? 0 : 1>(acc + mi * (BN / 2), a[mi][s * 4 + kk], db, 1);
+        }
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
+    named_barrier(barrier, threads);  // every warp's MMAs read their stages: the next run may refill them
+  }
+
   // One K step of MMAs from the stage at a_tile / b_tile (4 wgmmas of 32 bytes of K per 64 rows).
   template <bool KA, bool KB>
   __device__ static void mma_stage(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile, int block0) {

@@ -7,9 +7,12 @@
 //     tensors (with scales planes only as MXFP8: fp8 both, 32 x 1 blocks along K, K-major both,
 //     slices starting on a block), the destination a tensor or the op's destination cooperative
 //     tensor, m a multiple of 64 per warpgroup (m <= 256) and n one of 64..256 (multiples of 64);
+//     or the left input the op's left-input cooperative tensor (kernelkit's extension: its
+//     registers are wgmma's A fragments, layout.h), half or bfloat, k a multiple of 16: run_rs,
+//     B staged whole by cp.async, no tensor map (a loop of runs over slices pays no set-up);
 //   - types warpgroup_gemm takes: half x half, bfloat x bfloat, fp8 x fp8 -> float, float x float
 //     -> float with relaxed_precision (tf32), int8 x int8 -> int32;
-//   - at run time: both inputs in device (global) memory, and the launch gave the kernel the
+//   - at run time: the input tensors in device (global) memory, and the launch gave the kernel the
 //     dynamic shared memory warpgroup_gemm stages through. The CUDA backend gives a tensor-op
 //     kernel what its warpgroup runs need: each run site names that amount in the cubin
 //     (kk_tops_dynamic_smem<bytes>, read by backends/cuda.py). Otherwise run takes mma.sync.
@@ -60,6 +63,11 @@ struct warpgroup_matmul {
                              is_fp8(kind_of<typename operand_traits<Right>::value_type>);
   static constexpr bool tensors = metal::is_tensor_v<Left> && metal::is_tensor_v<Right> &&
                                   (metal::is_tensor_v<Dest> || is_cooperative_v<Dest>) && (!scaled || mx);
+  // A left-input cooperative tensor of the op (its registers are wgmma's A fragments: layout.h)
+  // times a right tensor: wgmma with A from registers (run_rs), 16-bit types, K static.
+  static constexpr bool registers = is_cooperative_v<Left> && metal::is_tensor_v<Right> &&
+                                    (metal::is_tensor_v<Dest> || is_cooperative_v<Dest>) && !scaled &&
+                                    D.k > 0 && D.k % 16 == 0 && !D.transpose_left;
   static constexpr bool float_ok = !is_same_v<TA, float> || D.relaxed_precision;  // wgmma's float is tf32
   static constexpr int WG = W == 8 ? 2 : 1;  // warpgroups sharing the tile
   static constexpr bool shape_ok = (W == 4 || W == 8) && D.m > 0 && D.m % (64 * WG) == 0 && D.n > 0 && D.n % 64 == 0 &&
@@ -71,10 +79,15 @@ struct warpgroup_matmul {
   // The accumulators' layout: a destination cooperative tensor's (layout.h), loaded and stored
   // through staged_io.h.
   using dest_layout = layout<role::destination, D.m, D.n, W>;
-  static constexpr bool applies = shape_ok && tensors && float_ok && !is_same_v<TA, void> && !is_same_v<TB, void> &&
-                                  gemm::supported;
+  static constexpr bool applies = shape_ok && (tensors || (registers && gemm::is16)) && float_ok &&
+                                  !is_same_v<TA, void> && !is_same_v<TB, void> && gemm::supported;
+  // Dynamic shared memory a run takes from the group's slice.
+  static constexpr int smem_bytes = registers ? gemm::rs_smem_bytes(D.k > 0 ? D.k : 16) : gemm::smem_bytes;
 
   static constexpr KK_FN const char* name() {
+    if (registers)
+      return WG == 1 ? "wgmma (sm90 warpgroup_gemm, one warpgroup, A in registers, B by cp.async)"
+                     : "wgmma (sm90 warpgroup_gemm, two warpgroups, A in registers, B by cp.async)";
     return WG == 1 ? "wgmma (sm90 warpgroup_gemm, one warpgroup, 3 stages, TMA or cp.async)"
                    : "wgmma (sm90 warpgroup_gemm, two warpgroups, 4 stages, TMA or cp.async)";
   }
@@ -89,14 +102,35 @@ struct warpgroup_matmul {
     if constexpr (!applies) {
       return false;
     } else {
-      asm volatile("" ::"l"(&kk_tops_dynamic_smem<gemm::smem_bytes>));
+      asm volatile("" ::"l"(&kk_tops_dynamic_smem<smem_bytes>));
       unsigned smem;
       asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
       const unsigned group = unsigned(linear_thread() / gemm::threads);
       bool blocks_aligned = true;  // a scaled slice starts on a block of K
       if constexpr (mx) blocks_aligned = l.plane.origin0 % 32 == 0 && r.plane.origin0 % 32 == 0;
-      return smem >= (group + 1) * unsigned(gemm::smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr) &&
-             blocks_aligned;
+      if constexpr (registers) return smem >= (group + 1) * unsigned(smem_bytes) && __isGlobal(r.ptr);
+      else return smem >= (group + 1) * unsigned(smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr) && blocks_aligned;
+    }
+  }
+
+  // A cooperative left input's registers as wgmma's A fragments: the warp's mi-th 16-row block
+  // (its mi-th outer block) at k16 step s is elements (g, 2t..), (g + 8, 2t..) of column blocks
+  // 2s and 2s + 1, two 16-bit elements a register.
+  using fragments_t = unsigned[gemm::rows / 64][D.k > 0 ? D.k / 16 : 1][4];
+  static KK_FN void pack(const Left& l, fragments_t& a) {
+    if constexpr (registers) {
+      using L = typename Left::layout;
+      static_assert(is_same_v<L, layout<role::left, D.m, D.k, W>>, "warpgroup path: the cooperative left input is not the op's");
+#pragma unroll
+      for (int mi = 0; mi < gemm::rows / 64; ++mi)
+#pragma unroll
+        for (int s = 0; s < D.k / 16; ++s)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int i = (mi * L::IB + 2 * s + (r >> 1)) * 4 + (r & 1) * 2;
+            a[mi][s][r] = unsigned(__builtin_bit_cast(unsigned short, l.v[i])) |
+                          (unsigned(__builtin_bit_cast(unsigned short, l.v[i + 1])) << 16);
+          }
     }
   }
 
@@ -107,11 +141,8 @@ struct warpgroup_matmul {
       constexpr bool accumulate = D.matmul_mode == mpp::tensor_ops::matmul2d_descriptor::mode::multiply_accumulate;
       const int t = linear_thread() % gemm::threads;
       // A (m, k) and B (k, n) strides in elements: a left tensor is (K, M) (or (M, K) transposed)
-      const long a_rs = l.get_stride(tl ? 0 : 1), a_cs = l.get_stride(tl ? 1 : 0);
       const long b_rs = r.get_stride(tr ? 0 : 1), b_cs = r.get_stride(tr ? 1 : 0);
-      const int m_valid = min_int(D.m, int(l.get_extent(tl ? 0 : 1)));
       const int n_valid = min_int(D.n, int(r.get_extent(tr ? 1 : 0)));
-      K = min_int(K, tl ? int(l.get_extent(1)) : int(l.get_extent(0)));
       K = min_int(K, tr ? int(r.get_extent(0)) : int(r.get_extent(1)));
       using DV = typename operand_traits<Dest>::value_type;
       Acc acc[gemm::acc_per_thread];
@@ -129,17 +160,26 @@ struct warpgroup_matmul {
           acc[i] = accumulate ? tensor_value<Acc>(d, col, row) : Acc(0);
         }
       }
-      if constexpr (mx) {
-        // A is (K, M) sliced at (origin0, origin1), its scales row-major (M, row_blocks); B likewise (K, N)
-        const auto &pa = l.plane, &pb = r.plane;
-        const sm90::block_scales scales{pa.scales + long(pa.origin1) * pa.row_blocks + pa.origin0 / 32, pa.row_blocks,
-                                        pb.scales + long(pb.origin1) * pb.row_blocks + pb.origin0 / 32, pb.row_blocks,
-                                        (K + 31) / 32};
-        gemm::run_scaled(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs,
-                         b_cs, m_valid, n_valid, K, accumulate, scales);
+      if constexpr (registers) {
+        fragments_t a;
+        pack(l, a);
+        gemm::template run_rs<D.k>(acc, a, reinterpret_cast<const TB*>(r.ptr), b_rs, b_cs, n_valid, K, accumulate);
       } else {
-        gemm::run(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs, b_cs,
-                  m_valid, n_valid, K, accumulate);
+        const long a_rs = l.get_stride(tl ? 0 : 1), a_cs = l.get_stride(tl ? 1 : 0);
+        const int m_valid = min_int(D.m, int(l.get_extent(tl ? 0 : 1)));
+        K = min_int(K, tl ? int(l.get_extent(1)) : int(l.get_extent(0)));
+        if constexpr (mx) {
+          // A is (K, M) sliced at (origin0, origin1), its scales row-major (M, row_blocks); B likewise (K, N)
+          const auto &pa = l.plane, &pb = r.plane;
+          const sm90::block_scales scales{pa.scales + long(pa.origin1) * pa.row_blocks + pa.origin0 / 32, pa.row_blocks,
+                                          pb.scales + long(pb.origin1) * pb.row_blocks + pb.origin0 / 32, pb.row_blocks,
+                                          (K + 31) / 32};
+          gemm::run_scaled(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr),
+                           b_rs, b_cs, m_valid, n_valid, K, accumulate, scales);
+        } else {
+          gemm::run(acc, reinterpret_cast<const TA*>(l.ptr), a_rs, a_cs, reinterpret_cast<const TB*>(r.ptr), b_rs,
+                    b_cs, m_valid, n_valid, K, accumulate);
+        }
       }
       if constexpr (is_cooperative_v<Dest>) {
 #pragma unroll
