@@ -54,6 +54,9 @@ def _keys(d: int) -> int:
     return 128 if d <= 128 else 64
 
 
+_DQ_KEYS = 64  # keys a dQ step reads: its scores, dP and the dQ sum stay in registers
+
+
 def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -135,12 +138,11 @@ def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = Fa
     o4, do4 = _rows(_bhsd(o, layout)), _rows(_bhsd(dout.to(q.dtype), layout))
     lse = lse.to(acc).contiguous()
     s = _scale(scale, acc, q.device)
-    template = _template(q.dtype, D, layout, _tile(q.dtype, D))
     BQ = _NW * 16
     dq, delta = _dq(inputs=[q4, k4, v4, o4, do4, lse, dlse.to(acc).expand(B, H, Sq).contiguous(), s, causal],
-                    template=template, output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, acc],
+                    template=_template(q.dtype, D, layout, _DQ_KEYS), output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, acc],
                     grid=(_NW * 32 * -(-Sq // BQ), H, B), threadgroup=(_NW * 32, 1, 1))
-    dk, dv = _dkdv(inputs=[q4, k4, v4, do4, lse, delta, s, causal], template=template,
+    dk, dv = _dkdv(inputs=[q4, k4, v4, do4, lse, delta, s, causal], template=_template(q.dtype, D, layout, _tile(q.dtype, D)),
                    output_shapes=[k.shape, v.shape], output_dtypes=[q.dtype, q.dtype],
                    grid=(_NW * 32 * -(-Sk // BQ), Hkv, B), threadgroup=(_NW * 32, 1, 1))
     return dq, dk, dv
