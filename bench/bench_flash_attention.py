@@ -87,12 +87,12 @@ def sass_counts() -> dict:
             ("dq", fa._dq, [meta, meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16, torch.float32]),
             ("dkdv", fa._dkdv, [meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16] * 2)):
         binary = kk.compile_for(kernel, "sm_90", inputs=inputs, output_dtypes=dts,
-                                template=fa._template(torch.bfloat16, 128, "bhsd")).binary
+                                template=fa._template(torch.bfloat16, 128, "bhsd", name)).binary
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(binary)
             f.flush()
             sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-        out[name] = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HMMA", "SHFL", "LDS", "STL")}
+        out[name] = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "HMMA", "SHFL", "LDS", "STL")}
     return out
 
 

@@ -33,6 +33,17 @@ def test_talk_matmul(device, variant, dtype, out_dtype, N):
     torch.testing.assert_close(c.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("variant", ["256x128sg8b8", "128x128sg4b16"])
+def test_talk_matmul_long_k(device, variant):
+    """K of 16 stage tiles and more: on Hopper the runs stage through TMA (shorter ones, cp.async)."""
+    bench = _bench()
+    M, K, N = 260, 1040, 136
+    a, b = torch.randn(M, K, device=device).to(torch.bfloat16), torch.randn(K, N, device=device).to(torch.bfloat16)
+    c = bench.kernel(torch.bfloat16, torch.float32, variant)(**bench.call_args(a, b, torch.float32, variant))[0]
+    ref = a.double() @ b.double()
+    torch.testing.assert_close(c.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
 def test_two_warpgroups_take_their_shared_memory(nvrtc):
     """execution_simdgroups<8> on sm_90a instantiates warpgroup_gemm<256, 128, .., 4 stages, 2
     warpgroups>: the cubin asks the launcher for its 4 * (256 + 128) * 128 + 1536 bytes."""

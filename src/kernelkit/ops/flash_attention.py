@@ -4,11 +4,11 @@ the keys, never holding the scores, with a FlashAttention-2 backward; differenti
 The forward (flash_attention_forward.metal) is the talk's loop on kernelkit's tensor-op layer:
 QK^T into a cooperative tensor by matmul2d, reduce_rows for the running max, map_iterator for
 the exponentials and the rescaling, and the probabilities reused in registers as the left input
-of the PV matmul2d; its ops span the threadgroup (on Hopper a warpgroup's wgmma, the queries
-and probabilities its register operand, K and V staged by the ops). It keeps each row's log-sum-exp for the backward, which recomputes the
+of the PV matmul2d. It keeps each row's log-sum-exp for the backward, which recomputes the
 probabilities from it: one kernel for dQ (it also computes D = rowsum(dO * O)), one for dK and
 dV (each threadgroup owns a block of keys and sums over every query head that reads them), so no
-atomics. Causal masking is top-left aligned, as torch's scaled_dot_product_attention(is_causal=
+atomics. Every kernel's ops span its threadgroup (on Hopper a warpgroup's wgmma, a left-input
+cooperative tensor its register operand, the tiles read from device memory staged by the ops). Causal masking is top-left aligned, as torch's scaled_dot_product_attention(is_causal=
 True): query i sees keys j <= i, whatever the two lengths.
 """
 
@@ -40,13 +40,6 @@ _dq = _kernel("dq", ["q", "k", "v", "o", "dout", "lse", "dlse", "scale", "causal
 _dkdv = _kernel("dkdv", ["q", "k", "v", "dout", "lse", "delta", "scale", "causal"], ["dk", "dv"])
 
 
-def _tile(dtype: torch.dtype, d: int) -> int:
-    """Rows of a staged tile: two of them (K and V, or Q and dO) fill 32 KiB of threadgroup memory
-    (plus 16 bytes a row of padding, flash_attention.metal's fa_pitch), within the 48 KiB a CUDA
-    kernel has statically; 16 to 64 rows."""
-    return max(16, min(64, 16384 // (d * dtype.itemsize)))
-
-
 def _keys(d: int) -> int:
     """Keys a forward step reads: the forward's ops read K and V from device memory (on Hopper
     they stage them themselves for wgmma, whose n is a multiple of 64 up to 256); 128 keep the
@@ -54,7 +47,7 @@ def _keys(d: int) -> int:
     return 128 if d <= 128 else 64
 
 
-_DQ_KEYS = 64  # keys a dQ step reads: its scores, dP and the dQ sum stay in registers
+_STEP = 64  # keys a dQ step reads, queries a dK / dV step: scores, dP and the sums in registers
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -76,7 +69,9 @@ def _scale(scale: float, dtype: torch.dtype, device):
     return torch.tensor(scale, dtype=dtype, device=device) if dtype == torch.float64 else float(scale)
 
 
-def _template(dtype: torch.dtype, d: int, layout: str, bk: int):
+def _template(dtype: torch.dtype, d: int, layout: str, kernel: str):
+    """The template arguments of kernel "forward", "dq" or "dkdv"."""
+    bk = _keys(d) if kernel == "forward" else _STEP
     return [("T", dtype), ("A", _acc(dtype)), ("D", d), ("BK", bk), ("NW", _NW), ("BSHD", layout == "bshd")]
 
 
@@ -117,7 +112,7 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     BQ = _NW * 16
     o, lse = _forward(inputs=[_rows(_bhsd(q, layout)), _rows(_bhsd(k, layout)), _rows(_bhsd(v, layout)),
                               _scale(scale, acc, q.device), causal],
-                      template=_template(q.dtype, D, layout, _keys(D)), output_shapes=[q.shape, (B, H, Sq)],
+                      template=_template(q.dtype, D, layout, "forward"), output_shapes=[q.shape, (B, H, Sq)],
                       output_dtypes=[q.dtype, acc], grid=(_NW * 32 * -(-Sq // BQ), H, B),
                       threadgroup=(_NW * 32, 1, 1))
     return o, lse
@@ -140,9 +135,11 @@ def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = Fa
     s = _scale(scale, acc, q.device)
     BQ = _NW * 16
     dq, delta = _dq(inputs=[q4, k4, v4, o4, do4, lse, dlse.to(acc).expand(B, H, Sq).contiguous(), s, causal],
-                    template=_template(q.dtype, D, layout, _DQ_KEYS), output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, acc],
+                    template=_template(q.dtype, D, layout, "dq"), output_shapes=[q.shape, (B, H, Sq)],
+                    output_dtypes=[q.dtype, acc],
                     grid=(_NW * 32 * -(-Sq // BQ), H, B), threadgroup=(_NW * 32, 1, 1))
-    dk, dv = _dkdv(inputs=[q4, k4, v4, do4, lse, delta, s, causal], template=_template(q.dtype, D, layout, _tile(q.dtype, D)),
+    dk, dv = _dkdv(inputs=[q4, k4, v4, do4, lse, delta, s, causal],
+                   template=_template(q.dtype, D, layout, "dkdv"),
                    output_shapes=[k.shape, v.shape], output_dtypes=[q.dtype, q.dtype],
                    grid=(_NW * 32 * -(-Sk // BQ), Hkv, B), threadgroup=(_NW * 32, 1, 1))
     return dq, dk, dv

@@ -62,7 +62,8 @@
 //     copied to a global slot (tensormap.cp_fenceproxy); no host involvement. Operands TMA
 //     cannot take (contiguous side not stride 1, rows or base not 16-byte aligned) go through
 //     cp.async (16-byte LDGSTS with zero fill, or element by element) into the same layout.
-//     Measured at 8192^3 bf16, 128x128: TMA 527 TFLOP/s, cp.async 361.
+//     Measured at 8192^3 bf16, 128x128: TMA 527 TFLOP/s, cp.async 361. Runs of fewer than 16
+//     K tiles take cp.async: the maps' set-up (~2 us) would cost more than TMA saves them.
 // (b) Operand majorness: 16-bit operands whose M (N) stride is 1 are staged MN-major and read
 //     with wgmma's transpose bit, so row-major B (K x N) costs nothing; fp8, tf32 and int8 have
 //     no transpose in wgmma: a non-K-major operand of those types is transposed by the
@@ -769,7 +770,9 @@ struct warpgroup_gemm {
 #else
     constexpr bool tma_allowed = true;
 #endif
-    if (tma_allowed && sa.tma_ok(K) && sb.tma_ok(K) && sm < max_sms) {
+    // A run of few tiles (a loop's step, as attention's) stays with cp.async: making and
+    // publishing the two maps costs ~2 us a run, the time of ~16 tiles' cp.async handicap.
+    if (tma_allowed && tiles >= 16 && sa.tma_ok(K) && sb.tma_ok(K) && sm < max_sms) {
       // TMA: thread 0 issues each stage's copies, completing on full[s]; the warps release a
       // stage on empty[s] once their MMAs have read it. One MMA group stays in flight.
       const unsigned full = extra, empty = extra + 8 * Stages, slot_word = extra + 128;
