@@ -460,8 +460,13 @@ template <class T, int R, bool KMajor, int Threads> struct stager {
 
   // The descriptor of the 64-row (A) or whole (B) block `block` at K step kk (32 bytes of K).
   __device__ static unsigned long long desc(unsigned tile, int block, int kk) {
-    if constexpr (KMajor) return descriptor(tile + block * 64 * 128 + kk * 32, 16, 1024);
-    else return descriptor(tile + block * slab + kk * 16 * 128, slab, 1024);  // 16 K-rows a step
+    return descriptor(tile, KMajor ? 16 : slab, 1024) + (offset_of(block, kk) >> 4);
+  }
+  // Bytes from a stage's start to block `block` at K step kk (32 bytes of K; MN-major: 16 K-rows).
+  // A descriptor's start field is the address / 16, so a stage's descriptors are one made at its
+  // start plus constants (the stages lie below 256 KB: the field does not overflow).
+  static constexpr unsigned offset_of(int block, int kk) {
+    return KMajor ? unsigned(block * 64 * 128 + kk * 32) : unsigned(block * slab + kk * 16 * 128);
   }
 };
 
@@ -584,6 +589,7 @@ struct warpgroup_gemm {
     const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + group * rs_smem_bytes(KS) + 1023) & ~1023u;
     const int barrier = 1 + group;
     const stager<TB, BN, KB, threads> sb(B_, b_cs, b_rs, n_valid);
+    const unsigned long long d0 = sb.desc(base, 0, 0);  // the first stage's; the others plus constants
 #pragma unroll
     for (int s = 0; s < stages; ++s) {
       sb.load(base + s * sb.bytes, s * BK, K, t);
@@ -604,7 +610,7 @@ struct warpgroup_gemm {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         if (s * 4 + kk < steps) {
-          const unsigned long long db = stager<TB, BN, KB, threads>::desc(base + s * sb.bytes, 0, kk);
+          const unsigned long long db = d0 + ((s * sb.bytes + sb.offset_of(0, kk)) >> 4);
 #pragma unroll
           for (int mi = 0; mi < rows / 64; ++mi) mma_rs<BN, A, KB ? 0 : 1>(acc + mi * (BN / 2), a[mi][s * 4 + kk], db, 1);
         }
