@@ -85,12 +85,12 @@ _REGISTERS = """
 """
 
 
-@pytest.mark.parametrize("W", [4, 8])
+@pytest.mark.parametrize("W, M", [(4, 64), (4, 128), (8, 128)])  # 16 or 32 rows a SIMD-group
 @pytest.mark.parametrize("TB", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_left_input_cooperative_on_simdgroups(device, W, TB, dtype):
+def test_left_input_cooperative_on_simdgroups(device, W, M, TB, dtype):
     import kernelkit as kk
-    M, N, K, NV = 16 * W, 128, 64, 64
+    N, K, NV = 128, 64, 64
     rows, nb, nv = 150, 100, 200  # a tail of rows, fewer columns of B than N, V2 with N - 56 rows
     a = torch.randn(rows, K, device=device).to(dtype)
     b = torch.randn((nb, K) if TB else (K, nb), device=device).to(dtype)
