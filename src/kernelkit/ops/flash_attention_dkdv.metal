@@ -26,12 +26,12 @@ constexpr auto mul_pd_op_desc = matmul2d_descriptor(BKV, D, BK, false, false, fa
                                                     matmul2d_descriptor::mode::multiply_accumulate);
 matmul2d<mul_pd_op_desc, execution_simdgroups<NW>> mul_pd_op;
 using In = decltype(mul_pd_op.template get_left_input_cooperative_tensor<T, T, A>());
-using Rows = decltype(tK);  // (a device tensor type: the ops' operand types)
-auto ctdK = mul_pd_op.template get_destination_cooperative_tensor<In, Rows, A>();
-auto ctdV = mul_pd_op.template get_destination_cooperative_tensor<In, Rows, A>();
-auto ctS = mul_kq_op.template get_destination_cooperative_tensor<Rows, Rows, A>();
-auto ctdP = mul_kq_op.template get_destination_cooperative_tensor<Rows, Rows, A>();
-using Cols = decltype(mul_kq_op.template get_column_reduction_destination_cooperative_tensor<Rows, Rows, A>());
+using Dev = decltype(tK);  // a device tensor: the type the ops size their cooperative tensors for
+auto ctdK = mul_pd_op.template get_destination_cooperative_tensor<In, Dev, A>();
+auto ctdV = mul_pd_op.template get_destination_cooperative_tensor<In, Dev, A>();
+auto ctS = mul_kq_op.template get_destination_cooperative_tensor<Dev, Dev, A>();
+auto ctdP = mul_kq_op.template get_destination_cooperative_tensor<Dev, Dev, A>();
+using Cols = decltype(mul_kq_op.template get_column_reduction_destination_cooperative_tensor<Dev, Dev, A>());
 Cols ctLse, ctDelta;
 
 // Causal: query i sees keys j <= i, so queries before the block's first key see none of it.
