@@ -47,6 +47,18 @@ template <class LV, class RV, class DV, bool Scaled>
 constexpr KK_FN bool mma_sync_supported() { return mma_shape_of<LV, RV, DV, Scaled>() != mma_shape::none; }
 
 KK_FN unsigned pack16(unsigned short lo, unsigned short hi) { return unsigned(lo) | (unsigned(hi) << 16); }
+template <class E> KK_FN unsigned short raw16(const E& x) { return __builtin_bit_cast(unsigned short, x); }
+
+// Register r of the m16n8k16 A fragment (r & 1: rows g + 8; r >> 1: columns 8 further) that a
+// left-input cooperative tensor of 16-bit elements holds for its obl-th 16-row block and the
+// 8-column blocks from ib0 (layout.h: elements (g, 2t), (g, 2t + 1) of each block, as they
+// stand); zero past its columns. Both mma.sync (here) and wgmma (warpgroup.h) read it so.
+template <class CT>
+KK_FN unsigned left_fragment_register(const CT& l, int obl, int ib0, int r) {
+  using L = typename CT::layout;
+  const int ib = ib0 + (r >> 1), i = (obl * L::IB + ib) * 4 + (r & 1) * 2;
+  return ib < L::IB ? pack16(raw16(l.v[i]), raw16(l.v[i + 1])) : 0u;
+}
 KK_FN unsigned pack8(int a, int b, int c, int d) {
   return (unsigned(a) & 0xffu) | (unsigned(b) & 0xffu) << 8 | (unsigned(c) & 0xffu) << 16 | (unsigned(d) & 0xffu) << 24;
 }
@@ -346,13 +358,9 @@ struct mma_sync_matmul {
   template <class LR>
   static KK_FN void fragment_a(const Left& l, const LR& v, int obl, int m0, int k0, int K, unsigned (&a)[4], unsigned (&lo)[4]) {
     const int g = int(lane_id() >> 2), t = int(lane_id() & 3);
-    if constexpr (is_cooperative_v<Left>) {  // mma_sync_left_input_v: elements (g, 2t), (g, 2t + 1) of each block
-      using L = typename Left::layout;
+    if constexpr (is_cooperative_v<Left>) {  // mma_sync_left_input_v
       KK_TOPS_UNROLL
-      for (int r = 0; r < 4; ++r) {
-        const int ib = k0 / 8 + (r >> 1), i = (obl * L::IB + ib) * 4 + (r & 1) * 2;
-        a[r] = ib < L::IB ? pack16(raw16(l.v[i]), raw16(l.v[i + 1])) : 0u;
-      }
+      for (int r = 0; r < 4; ++r) a[r] = left_fragment_register(l, obl, k0 / 8, r);
       return;
     } else {
       if constexpr (vec) {
@@ -484,7 +492,6 @@ struct mma_sync_matmul {
     if (x < 0 || y < 0 || x >= int(t.get_extent(0)) || y >= int(t.get_extent(1))) return 0;
     return *reinterpret_cast<const unsigned char*>(&t(x, y));
   }
-  template <class E> static KK_FN unsigned short raw16(const E& x) { return __builtin_bit_cast(unsigned short, x); }
   static KK_FN unsigned short bits(float x) {
     return S == mma_shape::bf16 ? kk::float_to_bfloat(x) : kk::float_to_half(x);
   }

@@ -575,19 +575,34 @@ struct warpgroup_gemm {
   }
 
  private:
+  // This thread's group of WG warpgroups (t: its thread there) and the group's slice of the
+  // dynamic shared memory, `bytes` long, 1024-aligned at base; barrier: the group's named barrier.
+  struct group_slice {
+    int t, barrier;
+    unsigned base;
+    __device__ explicit group_slice(int bytes) {
+      const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+      const int group = int(linear / threads);
+      t = int(linear % threads);
+      barrier = 1 + group;
+      unsigned dynamic;
+      asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+      // Too little shared memory would corrupt the caller's: trap (no printf: any call in the
+      // kernel makes ptxas serialise every wgmma, warning C7510).
+      if (dynamic < unsigned((group + 1) * bytes)) __trap();
+      extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
+      base = (detail::smem_u32(kk_sm90_dynamic_smem) + group * bytes + 1023) & ~1023u;
+    }
+  };
+
   template <int KS, bool KB>
   __device__ static void run_rs_as(TAcc (&acc)[acc_per_thread], const unsigned (&a)[rows / 64][KS / 16][4],
                                    const TB* B_, long b_rs, long b_cs, int n_valid, int K, bool accumulate) {
     using namespace detail;
     constexpr int stages = rs_stages(KS), steps = KS / 16;
-    const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    const int t = linear % threads, group = linear / threads;
-    unsigned dynamic;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
-    if (dynamic < unsigned((group + 1) * rs_smem_bytes(KS))) __trap();  // (as run_as)
-    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
-    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + group * rs_smem_bytes(KS) + 1023) & ~1023u;
-    const int barrier = 1 + group;
+    const group_slice g(rs_smem_bytes(KS));
+    const int t = g.t, barrier = g.barrier;
+    const unsigned base = g.base;
     const stager<TB, BN, KB, threads> sb(B_, b_cs, b_rs, n_valid);
     const unsigned long long d0 = sb.desc(base, 0, 0);  // the first stage's; the others plus constants
 #pragma unroll
@@ -748,19 +763,11 @@ struct warpgroup_gemm {
                                 long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate,
                                 const block_scales* scales = nullptr) {
     using namespace detail;
-    const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    // t: thread in the group of WG warpgroups that shares the tile; block0: this warpgroup's
-    // first 64-row block of A
-    const int t = linear % threads, group = linear / threads, block0 = WG == 1 ? 0 : (t >> 7) * (rows / 64);
-    unsigned dynamic;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
-    // Too little shared memory would corrupt the caller's: trap (no printf: any call in the
-    // kernel makes ptxas serialise every wgmma, warning C7510).
-    if (dynamic < unsigned((group + 1) * smem_bytes)) __trap();
-    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
-    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + group * smem_bytes + 1023) & ~1023u;
+    const group_slice g(smem_bytes);
+    // block0: this warpgroup's first 64-row block of A
+    const int t = g.t, block0 = WG == 1 ? 0 : (t >> 7) * (rows / 64), barrier = g.barrier;
+    const unsigned base = g.base;
     const unsigned extra = base + Stages * stage_bytes;  // full[S], empty[S], slot word, 2 maps
-    const int barrier = 1 + group;
 
     const stager<TA, BM, KA, threads> sa(A_, a_rs, a_cs, m_valid);
     const stager<TB, BN, KB, threads> sb(B_, b_cs, b_rs, n_valid);

@@ -114,23 +114,18 @@ struct warpgroup_matmul {
   }
 
   // A cooperative left input's registers as wgmma's A fragments: the warp's mi-th 16-row block
-  // (its mi-th outer block) at k16 step s is elements (g, 2t..), (g + 8, 2t..) of column blocks
-  // 2s and 2s + 1, two 16-bit elements a register.
+  // (its mi-th outer block) at k16 step s, column blocks 2s and 2s + 1 (mma.sync's A fragment).
   using fragments_t = unsigned[gemm::rows / 64][D.k > 0 ? D.k / 16 : 1][4];
   static KK_FN void pack(const Left& l, fragments_t& a) {
     if constexpr (registers) {
-      using L = typename Left::layout;
-      static_assert(is_same_v<L, layout<role::left, D.m, D.k, W>>, "warpgroup path: the cooperative left input is not the op's");
+      static_assert(is_same_v<typename Left::layout, layout<role::left, D.m, D.k, W>>,
+                    "warpgroup path: the cooperative left input is not the op's");
 #pragma unroll
       for (int mi = 0; mi < gemm::rows / 64; ++mi)
 #pragma unroll
         for (int s = 0; s < D.k / 16; ++s)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int i = (mi * L::IB + 2 * s + (r >> 1)) * 4 + (r & 1) * 2;
-            a[mi][s][r] = unsigned(__builtin_bit_cast(unsigned short, l.v[i])) |
-                          (unsigned(__builtin_bit_cast(unsigned short, l.v[i + 1])) << 16);
-          }
+          for (int r = 0; r < 4; ++r) a[mi][s][r] = left_fragment_register(l, mi, 2 * s, r);
     }
   }
 
