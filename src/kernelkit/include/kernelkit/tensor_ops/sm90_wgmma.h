@@ -485,7 +485,7 @@ struct block_scales {
 namespace detail {
 // Scale bytes kb0 .. kb0 + 3 of a row (or column) as one word, byte j for block kb0 + j; 0x7f
 // (a scale of 1) for blocks past `blocks` and for rows past the tile's (their products are zero
-// or never stored), so that 0x00 and 0xff mark only real special scales.
+// or never stored).
 __device__ __forceinline__ unsigned scale_word(const unsigned char* row, bool valid, int kb0, int blocks, bool words) {
   if (!valid) return 0x7f7f7f7fu;
   if (words && kb0 + 4 <= blocks) return __ldg(reinterpret_cast<const unsigned*>(row + kb0));
@@ -494,23 +494,13 @@ __device__ __forceinline__ unsigned scale_word(const unsigned char* row, bool va
   for (int j = 0; j < 4; ++j) w |= unsigned(kb0 + j < blocks ? __ldg(row + kb0 + j) : 0x7f) << (8 * j);
   return w;
 }
-// Whether a word holds a 0x00 or 0xff byte (a scale that is not a normal float's exponent).
-__device__ __forceinline__ bool special_scale(unsigned w) {
-  const unsigned z = (w - 0x01010101u) & ~w, f = (~w - 0x01010101u) & w;
-  return ((z | f) & 0x80808080u) != 0;
+// A ue8m0 byte as the float 2^(s - 127), exactly: its bits are the exponent field, except 0
+// (2^-127, subnormal) and 255 (NaN).
+__device__ __forceinline__ unsigned scale_bits(unsigned s) {
+  return s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : s << 23;
 }
-// Byte J of w as the float 2^(byte - 127): its bits are the exponent field (bytes 1..254); Exact
-// also takes 0 (2^-127, subnormal) and 255 (NaN).
-template <int J, bool Exact>
-__device__ __forceinline__ float scale_of(unsigned w) {
-  unsigned e;
-  if constexpr (J < 3) e = (w << (23 - 8 * J)) & 0x7f800000u;
-  else e = (w >> 1) & 0x7f800000u;
-  if constexpr (!Exact) {
-    return __uint_as_float(e);
-  } else {
-    return e == 0 ? __uint_as_float(0x00400000u) : e == 0x7f800000u ? __uint_as_float(0x7fc00000u) : __uint_as_float(e);
-  }
+__device__ __forceinline__ void ld_shared_v4(unsigned addr, float& x, float& y, float& z, float& w) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "r"(addr));
 }
 }  // namespace detail
 
@@ -528,6 +518,9 @@ struct warpgroup_gemm {
   static constexpr int stage_bytes = (BM + BN) * 128;
   // + 1024 to align the stages to the swizzle atoms, + 512 for the mbarriers and two tensor maps
   static constexpr int smem_bytes = Stages * stage_bytes + 1024 + 512;
+  // run_scaled also stages the scales of two K tiles as floats (scale_stager)
+  static constexpr int scale_slot_bytes = (BM + BN) * 16;
+  static constexpr int scaled_smem_bytes = smem_bytes + 2 * scale_slot_bytes;
   static constexpr int BK = 128 / sizeof(TA);                     // K elements per stage
 
   __device__ static void coord(int i, int t, int& row, int& col) {
@@ -658,51 +651,73 @@ struct warpgroup_gemm {
     for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
   }
 
-  // The scale words of a scaled run's stage for this thread: its rows' (2 an atom) and columns'
-  // (2 per 8), each 4 bytes for the stage's 4 blocks of K. Loaded a stage ahead (prefetch), so
-  // their latency hides under the stage before.
-  struct stage_scales {
-    unsigned ra[2 * (rows / 64)], cb[BN / 4];
-    __device__ void prefetch(const block_scales& sc, int kt, int t, int m_valid, int n_valid) {
-      using namespace detail;
-      const int w = (t >> 5) & 3, l = t & 31, kb0 = kt * 4;
-      const bool words = ((sc.a_rs | sc.b_rs) & 3) == 0 &&
-                         ((reinterpret_cast<unsigned long long>(sc.a) | reinterpret_cast<unsigned long long>(sc.b)) & 3) == 0;
+  // The scales of a scaled run, as floats in shared memory a K tile (4 blocks) ahead: a float
+  // per row of A and column of B and block, so that the threads holding a column's accumulators
+  // read its 4 scales with 128-bit loads, not each a global load and a conversion. Slot kt % 2
+  // holds tile kt: A's row r at float 4 r + block, B's column n at 4 BM + BN block + col_slot(n),
+  // which puts a thread's BN / 4 columns (coord) side by side. Thread e < BM + BN (and e +
+  // threads ...) stages A's row e or B's column e - BM: load reads its word for a tile
+  // (scale_word), store writes it a tile later, after the MMAs whose latency it hides.
+  struct scale_stager {
+    static constexpr int items = (BM + BN + threads - 1) / threads;
+    const unsigned char* p[items];
+    unsigned dst[items], stride[items], w[items];
+    bool valid[items], words[items];
+    int blocks;
+    static constexpr int col_slot(int n) { return ((n >> 1) & 3) * (BN / 4) + (n >> 3) * 2 + (n & 1); }
+    __device__ void init(const block_scales& sc, int t, int m_valid, int n_valid, unsigned slots) {
+      blocks = sc.blocks;
 #pragma unroll
-      for (int r = 0; r < 2 * (rows / 64); ++r) {
-        const int row = (t >> 7) * rows + (r >> 1) * 64 + w * 16 + (l >> 2) + 8 * (r & 1);
-        ra[r] = scale_word(sc.a + row * sc.a_rs, row < m_valid, kb0, sc.blocks, words);
-      }
-#pragma unroll
-      for (int c = 0; c < BN / 4; ++c) {
-        const int col = (c >> 1) * 8 + (l & 3) * 2 + (c & 1);
-        cb[c] = scale_word(sc.b + col * sc.b_rs, col < n_valid, kb0, sc.blocks, words);
+      for (int j = 0; j < items; ++j) {
+        const int e = t + j * threads, n = e - BM;
+        p[j] = e < BM ? sc.a + e * sc.a_rs : sc.b + n * sc.b_rs;
+        valid[j] = e < BM ? e < m_valid : e < BM + BN && n < n_valid;
+        words[j] = (reinterpret_cast<unsigned long long>(p[j]) & 3) == 0;
+        dst[j] = e < BM ? slots + e * 16 : slots + BM * 16 + col_slot(n) * 4;
+        stride[j] = e < BM ? 4 : BN * 4;
       }
     }
-    // Whether a lane of the warp holds a 0x00 or 0xff scale (then the warp converts exactly).
-    __device__ bool special() const {
-      bool any = false;
+    __device__ void load(int kt) {
 #pragma unroll
-      for (int r = 0; r < 2 * (rows / 64); ++r) any |= detail::special_scale(ra[r]);
+      for (int j = 0; j < items; ++j) w[j] = detail::scale_word(p[j], valid[j], kt * 4, blocks, words[j]);
+    }
+    __device__ void store(int kt, int t) const {
 #pragma unroll
-      for (int c = 0; c < BN / 4; ++c) any |= detail::special_scale(cb[c]);
-      return __any_sync(0xffffffffu, any);
+      for (int j = 0; j < items; ++j) {
+        if (t + j * threads < BM + BN) {
+#pragma unroll
+          for (int b = 0; b < 4; ++b)
+            detail::st_shared(dst[j] + (kt & 1) * scale_slot_bytes + b * stride[j], detail::scale_bits((w[j] >> (8 * b)) & 0xff));
+        }
+      }
     }
   };
 
   // A scaled stage (run_scaled): its four 32-element blocks of K one at a time, each a wgmma into
-  // tmp (scale-d 0: tmp = A * B), then acc += tmp * sa(row) * sb(column).
+  // tmp (scale-d 0: tmp = A * B), then acc += tmp * sa(row) * sb(column), the scales from the
+  // stage's slot (scale_stager).
   __device__ static void mma_stage_scaled(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile, int block0,
-                                          const stage_scales& sc) {
+                                          unsigned slot, int t) {
     using namespace detail;
-    const unsigned (&ra)[2 * (rows / 64)] = sc.ra;
-    const unsigned (&cb)[BN / 4] = sc.cb;
-    const bool special = sc.special();
+    const int w = (t >> 5) & 3, l = t & 31;
+    float fa[rows / 64][2][4];  // this thread's rows' scales (coord), 4 blocks each
+#pragma unroll
+    for (int mi = 0; mi < rows / 64; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = (t >> 7) * rows + mi * 64 + w * 16 + (l >> 2) + 8 * h;
+        ld_shared_v4(slot + row * 16, fa[mi][h][0], fa[mi][h][1], fa[mi][h][2], fa[mi][h][3]);
+      }
+    const unsigned cols = slot + BM * 16 + (l & 3) * BN;  // this thread's columns: (l & 3) * BN / 4 floats on
     // Two product buffers: block kk + 1's wgmma runs while block kk's products are scaled.
     TAcc tmp[2][acc_per_thread];
     issue_block(tmp[0], a_tile, b_tile, block0, 0);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
+      float fb[BN / 4];
+#pragma unroll
+      for (int v = 0; v < BN / 16; ++v)
+        ld_shared_v4(cols + kk * BN * 4 + v * 16, fb[4 * v], fb[4 * v + 1], fb[4 * v + 2], fb[4 * v + 3]);
       if (kk + 1 < 4) {
         issue_block(tmp[(kk + 1) & 1], a_tile, b_tile, block0, kk + 1);
         wgmma_wait<1>();
@@ -711,8 +726,16 @@ struct warpgroup_gemm {
       }
 #pragma unroll
       for (int i = 0; i < acc_per_thread; ++i) fence_operand(tmp[kk & 1][i]);
-      if (special) add_scaled<true>(acc, tmp[kk & 1], ra, cb, kk);
-      else add_scaled<false>(acc, tmp[kk & 1], ra, cb, kk);
+#pragma unroll
+      for (int c = 0; c < BN / 4; ++c)
+#pragma unroll
+        for (int mi = 0; mi < rows / 64; ++mi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            // accumulator (mi, j) with j = (c >> 1) * 4 + h * 2 + (c & 1): row half h, column c
+            const int i = mi * (BN / 2) + (c >> 1) * 4 + h * 2 + (c & 1);
+            acc[i] = fmaf(tmp[kk & 1][i] * fa[mi][h][kk], fb[c], acc[i]);
+          }
     }
   }
   // tmp = the products of 32-element block kk of the stage (scale-d 0), committed as one group.
@@ -727,47 +750,20 @@ struct warpgroup_gemm {
       mma<BN, A, B, 0, 0>(tmp + mi * (BN / 2), stager<TA, BM, true, threads>::desc(a_tile, block0 + mi, kk), db, 0);
     wgmma_commit();
   }
-  template <bool Exact>
-  __device__ static void add_scaled(TAcc (&acc)[acc_per_thread], const TAcc (&tmp)[acc_per_thread],
-                                    const unsigned (&ra)[2 * (rows / 64)], const unsigned (&cb)[BN / 4], int kk) {
-    // (kk is a constant in the unrolled caller: one case survives)
-    if (kk == 0) add_scaled_block<0, Exact>(acc, tmp, ra, cb);
-    else if (kk == 1) add_scaled_block<1, Exact>(acc, tmp, ra, cb);
-    else if (kk == 2) add_scaled_block<2, Exact>(acc, tmp, ra, cb);
-    else add_scaled_block<3, Exact>(acc, tmp, ra, cb);
-  }
-  template <int J, bool Exact>
-  __device__ static void add_scaled_block(TAcc (&acc)[acc_per_thread], const TAcc (&tmp)[acc_per_thread],
-                                          const unsigned (&ra)[2 * (rows / 64)], const unsigned (&cb)[BN / 4]) {
-    using namespace detail;
-    float fa[2 * (rows / 64)];
-#pragma unroll
-    for (int r = 0; r < 2 * (rows / 64); ++r) fa[r] = scale_of<J, true>(ra[r]);
-#pragma unroll
-    for (int c = 0; c < BN / 4; ++c) {
-      const float fb = scale_of<J, Exact>(cb[c]);
-#pragma unroll
-      for (int mi = 0; mi < rows / 64; ++mi) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          // accumulator (mi, j) with j = (c >> 1) * 4 + h * 2 + (c & 1): row half h, column c
-          const int i = mi * (BN / 2) + (c >> 1) * 4 + h * 2 + (c & 1);
-          acc[i] = fmaf(tmp[i] * fa[2 * mi + h], fb, acc[i]);
-        }
-      }
-    }
-  }
 
   template <bool KA, bool KB, bool Scaled = false>
   __device__ static void run_as(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
                                 long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate,
                                 const block_scales* scales = nullptr) {
     using namespace detail;
-    const group_slice g(smem_bytes);
+    const group_slice g(Scaled ? scaled_smem_bytes : smem_bytes);
     // block0: this warpgroup's first 64-row block of A
     const int t = g.t, block0 = WG == 1 ? 0 : (t >> 7) * (rows / 64), barrier = g.barrier;
     const unsigned base = g.base;
-    const unsigned extra = base + Stages * stage_bytes;  // full[S], empty[S], slot word, 2 maps
+    const unsigned extra = base + Stages * stage_bytes;  // full[S], empty[S], slot word, 2 maps; scale slots
+    const unsigned scale_slots = extra + 512;
+    scale_stager ss;
+    if constexpr (Scaled) ss.init(*scales, t, m_valid, n_valid, scale_slots);
 
     const stager<TA, BM, KA, threads> sa(A_, a_rs, a_cs, m_valid);
     const stager<TB, BN, KB, threads> sb(B_, b_cs, b_rs, n_valid);
@@ -820,6 +816,10 @@ struct warpgroup_gemm {
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       }
+      if constexpr (Scaled) {
+        ss.load(0);
+        ss.store(0, t);
+      }
       named_barrier(barrier, threads);
       if (t == 0) {
         for (int s = 0; s < Stages && s < tiles; ++s) {
@@ -828,16 +828,14 @@ struct warpgroup_gemm {
           sb.issue(base + s * stage_bytes + sa.bytes, gb, s * BK, full + 8 * s);
         }
       }
-      stage_scales now, next;
-      if constexpr (Scaled) now.prefetch(*scales, 0, t, m_valid, n_valid);
 #pragma unroll 1
       for (int kt = 0; kt < tiles; ++kt) {
         const int s = kt % Stages;
-        if constexpr (Scaled) next.prefetch(*scales, kt + 1, t, m_valid, n_valid);
+        if constexpr (Scaled) ss.load(kt + 1);
         mbar_wait(full + 8 * s, (kt / Stages) & 1);
         if constexpr (Scaled) {
-          mma_stage_scaled(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0, now);
-          now = next;
+          mma_stage_scaled(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0,
+                           scale_slots + (kt & 1) * scale_slot_bytes, t);
         } else {
           mma_stage<KA, KB>(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0);
         }
@@ -851,6 +849,11 @@ struct warpgroup_gemm {
             sa.issue(base + ps * stage_bytes, ga, next * BK, full + 8 * ps);
             sb.issue(base + ps * stage_bytes + sa.bytes, gb, next * BK, full + 8 * ps);
           }
+        }
+        if constexpr (Scaled) {
+          // tile kt + 1's scales into the slot tile kt - 1 used (read before the last barrier)
+          ss.store(kt + 1, t);
+          named_barrier(barrier, threads);
         }
       }
       wgmma_wait<0>();
@@ -876,18 +879,19 @@ struct warpgroup_gemm {
       }
       cp_async_commit();  // empty groups too: the wait below counts groups
     }
-    stage_scales now, next;
-    if constexpr (Scaled) now.prefetch(*scales, 0, t, m_valid, n_valid);
+    if constexpr (Scaled) {
+      ss.load(0);
+      ss.store(0, t);
+    }
 #pragma unroll 1
     for (int kt = 0; kt < tiles; ++kt) {
-      if constexpr (Scaled) next.prefetch(*scales, kt + 1, t, m_valid, n_valid);
+      if constexpr (Scaled) ss.load(kt + 1);
       cp_async_wait<Stages - 2>();  // this thread's copies of tile kt have landed
       fence_proxy_async();
       named_barrier(barrier, threads);   // everyone's have; and every warp finished tile kt - 1's MMAs
       const unsigned a_tile = base + (kt % Stages) * stage_bytes;
       if constexpr (Scaled) {
-        mma_stage_scaled(acc, a_tile, a_tile + sa.bytes, block0, now);
-        now = next;
+        mma_stage_scaled(acc, a_tile, a_tile + sa.bytes, block0, scale_slots + (kt & 1) * scale_slot_bytes, t);
       } else {
         mma_stage<KA, KB>(acc, a_tile, a_tile + sa.bytes, block0);
       }
@@ -899,6 +903,7 @@ struct warpgroup_gemm {
         sb.load(base + (next % Stages) * stage_bytes + sa.bytes, next * BK, K, t);
       }
       cp_async_commit();
+      if constexpr (Scaled) ss.store(kt + 1, t);  // the slot tile kt - 1 used: read before the barrier above
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);

@@ -82,7 +82,9 @@ struct warpgroup_matmul {
   static constexpr bool applies = shape_ok && (tensors || (registers && gemm::is16)) && float_ok &&
                                   !is_same_v<TA, void> && !is_same_v<TB, void> && gemm::supported;
   // Dynamic shared memory a run takes from the group's slice.
-  static constexpr int smem_bytes = registers ? gemm::rs_smem_bytes(D.k > 0 ? D.k : 16) : gemm::smem_bytes;
+  static constexpr int smem_bytes = registers ? gemm::rs_smem_bytes(D.k > 0 ? D.k : 16)
+                                   : mx        ? gemm::scaled_smem_bytes
+                                               : gemm::smem_bytes;
 
   static constexpr KK_FN const char* name() {
     if (registers)
