@@ -73,8 +73,8 @@ _MATMUL = """
 """
 # (TILEM, TILEN): a threadgroup of 8 SIMD-groups computes a 128 x 64 tile of C; on Hopper, two
 # warpgroups sharing B's stages, each 64 rows, a 32-element block of K a QGMMA (run_scaled in
-# sm90_wgmma.h): 32 accumulators and twice 32 for the blocks' products a thread (128 x 128
-# spills: 255 registers).
+# sm90_wgmma.h): 32 accumulators and twice 32 for the blocks' products a thread (~170
+# registers; 128 x 128 spills at 255 and measured 157 TFLOP/s against 216 at 8192^3).
 _TILE = (128, 64)
 _THREADS = 256
 

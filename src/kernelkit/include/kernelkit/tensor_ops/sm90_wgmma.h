@@ -708,18 +708,23 @@ struct warpgroup_gemm {
         const int row = (t >> 7) * rows + mi * 64 + w * 16 + (l >> 2) + 8 * h;
         ld_shared_v4(slot + row * 16, fa[mi][h][0], fa[mi][h][1], fa[mi][h][2], fa[mi][h][3]);
       }
-    const unsigned cols = slot + BM * 16 + (l & 3) * BN;  // this thread's columns: (l & 3) * BN / 4 floats on
+    // this thread's columns' scales, block kk in fb[kk & 1], loaded a block ahead
+    const unsigned cols = slot + BM * 16 + (l & 3) * BN;  // (l & 3) * BN / 4 floats on
+    float fb[2][BN / 4];
+#pragma unroll
+    for (int v = 0; v < BN / 16; ++v) ld_shared_v4(cols + v * 16, fb[0][4 * v], fb[0][4 * v + 1], fb[0][4 * v + 2], fb[0][4 * v + 3]);
     // Two product buffers: block kk + 1's wgmma runs while block kk's products are scaled.
     TAcc tmp[2][acc_per_thread];
     issue_block(tmp[0], a_tile, b_tile, block0, 0);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      float fb[BN / 4];
-#pragma unroll
-      for (int v = 0; v < BN / 16; ++v)
-        ld_shared_v4(cols + kk * BN * 4 + v * 16, fb[4 * v], fb[4 * v + 1], fb[4 * v + 2], fb[4 * v + 3]);
       if (kk + 1 < 4) {
         issue_block(tmp[(kk + 1) & 1], a_tile, b_tile, block0, kk + 1);
+#pragma unroll
+        for (int v = 0; v < BN / 16; ++v) {
+          float* f = fb[(kk + 1) & 1] + 4 * v;
+          ld_shared_v4(cols + (kk + 1) * BN * 4 + v * 16, f[0], f[1], f[2], f[3]);
+        }
         wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
@@ -734,7 +739,7 @@ struct warpgroup_gemm {
           for (int h = 0; h < 2; ++h) {
             // accumulator (mi, j) with j = (c >> 1) * 4 + h * 2 + (c & 1): row half h, column c
             const int i = mi * (BN / 2) + (c >> 1) * 4 + h * 2 + (c & 1);
-            acc[i] = fmaf(tmp[kk & 1][i] * fa[mi][h][kk], fb[c], acc[i]);
+            acc[i] = fmaf(tmp[kk & 1][i] * fa[mi][h][kk], fb[kk & 1][c], acc[i]);
           }
     }
   }
