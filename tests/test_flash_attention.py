@@ -31,9 +31,14 @@ def _reference(q, k, v, causal, layout, dout, dlse):
 
 
 def _check(B, H, Hkv, Sq, Sk, D, causal, layout, dtype, device, tol):
-    q, k, v = _qkv(B, H, Hkv, Sq, Sk, D, dtype, device, layout, grad=True)
+    _compare(*_qkv(B, H, Hkv, Sq, Sk, D, dtype, device, layout, grad=True), causal, layout, tol)
+
+
+def _compare(q, k, v, causal, layout, tol):
+    """The op's output, lse and gradients against the float64 reference's."""
+    dtype = q.dtype
     o, lse = flash_attention(q, k, v, causal=causal, layout=layout, return_lse=True)
-    assert o.shape == q.shape and o.dtype == dtype and lse.shape == (B, H, Sq)
+    assert o.shape == q.shape and o.dtype == dtype and lse.shape == fa._bhsd(q, layout).shape[:3]
     dout, dlse = torch.randn_like(o), torch.randn_like(lse)
     grads = torch.autograd.grad((o * dout).sum() + (lse * dlse).sum(), (q, k, v))
     refs = _reference(q, k, v, causal, layout, dout, dlse)
@@ -60,6 +65,21 @@ def test_against_float64_reference(B, H, Hkv, Sq, Sk, D, causal, layout):
 def test_half_precision(device, dtype):
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     _check(1, 4, 2, 45, 70, 128, True, "bhsd", dtype, device, tol)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_running_max_moves_by_more_and_less_than_the_threshold(device, D):
+    """Scores that rise along the keys at rates per head (flat; 3.7, 9.2 and 15 a 128-key tile in
+    log2 units; falling): a row's running max moves by less and by more than the forward's rescaling
+    threshold (8) between tiles, and the output, lse and gradients still match."""
+    B, H, S = 1, 5, 400
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64) * 0.3 for _ in range(3))
+    rate = torch.tensor([0.0, 4.0, 10.0, 16.0, -10.0], dtype=torch.float64)  # per head
+    q[..., 0] = rate.view(1, H, 1) * D ** 0.5
+    k[..., 0] = torch.arange(S, dtype=torch.float64) * 0.005  # scores rate * key / 200
+    # float16: a max that lagged past the threshold would overflow its probabilities (65504)
+    q, k, v = (x.to(device=device, dtype=torch.float16).requires_grad_() for x in (q, k, v))
+    _compare(q, k, v, False, "bhsd", 4e-3)
 
 
 def test_matches_torch_sdpa():

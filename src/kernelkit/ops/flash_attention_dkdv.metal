@@ -46,9 +46,9 @@ for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
   for (int q0 = qbegin; q0 < Sq; q0 += BK) {
     ctLse.load(tLse.slice(q0));  // (queries past Sq load as zero: their scores are masked)
     ctDelta.load(tDelta.slice(q0));
-    for (ushort i = 0; i < ctLse.get_capacity(); ++i) ctLse[i] *= A(1.4426950408889634);
-
     mul_kq_op.run(tKSlice, tQ.slice(0, q0), ctS);
+    // (scaled after the run, whose time hides the loads' latency)
+    for (ushort i = 0; i < ctLse.get_capacity(); ++i) ctLse[i] *= A(1.4426950408889634);
     // every query of the tile sees every key of the block: no mask
     if (q0 + BK <= Sq && k0 + BKV <= Sk && (!causal || k0 + BKV - 1 <= q0)) {
       #pragma clang loop unroll(full)

@@ -57,19 +57,26 @@ for (int k0 = 0; k0 < kend; k0 += BK) {
     mul = A(1);
     reduce_rows(ctQK, ctTile, reduction_operation::max, A(-INFINITY));
   }
-  for (ushort i = 0; i < ctRowMax.get_capacity(); ++i) {  // new max; ctTile becomes the rescale factor
-    const A m = max(ctRowMax[i], ctTile[i]);
-    ctTile[i] = exp2(ctRowMax[i] - m);
-    ctRowMax[i] = m;
+  // A row's max moves only when the tile's exceeds it by more than 8 (log2 domain): below that its
+  // exponentials stay under 2^8, exact enough in float and bfloat, and the output and sums keep
+  // their scale. After the first tiles most SIMD-groups skip the rescaling (FlashAttention-4's).
+  bool grew = false;
+  for (ushort i = 0; i < ctRowMax.get_capacity(); ++i) grew |= ctTile[i] > ctRowMax[i] + A(8);
+  if (simd_any(grew)) {
+    for (ushort i = 0; i < ctRowMax.get_capacity(); ++i) {  // new max; ctTile becomes the rescale factor
+      const A m = max(ctRowMax[i], ctTile[i]);
+      ctTile[i] = exp2(ctRowMax[i] - m);
+      ctRowMax[i] = m;
+    }
+    #pragma clang loop unroll(full)
+    for (auto it = ctO.begin(); it != ctO.end(); it++) *it *= *ctTile.map_iterator(it);
+    for (ushort i = 0; i < ctRowSum.get_capacity(); ++i) ctRowSum[i] *= ctTile[i];
   }
   #pragma clang loop unroll(full)
   for (auto it = ctQK.begin(); it != ctQK.end(); it++) {
     auto row_it = ctRowMax.map_iterator(it);
     *it = exp2(*it * mul - *row_it);
   }
-  #pragma clang loop unroll(full)
-  for (auto it = ctO.begin(); it != ctO.end(); it++) *it *= *ctTile.map_iterator(it);
-  for (ushort i = 0; i < ctRowSum.get_capacity(); ++i) ctRowSum[i] *= ctTile[i];
   reduce_rows(ctQK, ctTile, reduction_operation::sum, A(0));
   for (ushort i = 0; i < ctRowSum.get_capacity(); ++i) ctRowSum[i] += ctTile[i];
 
