@@ -403,7 +403,10 @@ def test_matmul_add_relu_relaxed_precision(device):
     ref = matmul_add_relu_reference(lhs.double(), rhs.double(), bias.double())
     relaxed = matmul_add_relu(lhs, rhs, bias, relaxed_precision=True)
     assert relative_error(relaxed, ref) < 5e-3
-    torch.testing.assert_close(matmul_add_relu(lhs, rhs, bias).double(), ref, rtol=1e-5, atol=1e-5)
+    # float32 sums of 70 products: rounding grows with the sums' magnitudes (a fixed atol of 1e-5
+    # failed on the H100 for one element in a run); tf32's errors are ~100x these
+    torch.testing.assert_close(matmul_add_relu(lhs, rhs, bias).double(), ref, rtol=1e-5,
+                               atol=1e-5 * ref.abs().max().item())
     lhs.requires_grad_()
     out = matmul_add_relu(lhs, rhs, bias, relaxed_precision=True)
     out.sum().backward()

@@ -12,7 +12,8 @@
 // The staging memory is the warpgroup group's slice (sm90_wgmma.h), free between runs: used only
 // where the threadgroup is the scope's one group. Every thread of the scope calls load / store
 // together (as any cooperative tensor member); each starts with a barrier (the slice's previous
-// reader is done) and the next run's copies wait for its own barrier.
+// reader is done) and ends with one (its own reads are done: a run's copies into the slice start
+// before the run's first barrier).
 #pragma once
 
 namespace kk {
@@ -40,6 +41,7 @@ struct staged_io {
         }
         barrier();
         copy<U, true>(s, t);
+        barrier();
         return;
       }
     }
@@ -84,6 +86,7 @@ struct staged_io {
           v[i] = convert<E>(p.x);
           v[i + 1] = convert<E>(p.y);
         }
+        barrier();
         return;
       }
     }
