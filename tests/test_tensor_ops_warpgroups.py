@@ -122,3 +122,50 @@ def test_right_input_cooperative_needs_one_simdgroup():
     with pytest.raises(kk.CompileError, match="Input cooperative tensors require a single SIMD group"):
         kernel(inputs=[torch.zeros(1)], output_shapes=[(1,)], output_dtypes=[torch.float32], grid=(128, 1, 1),
                threadgroup=(128, 1, 1))
+
+
+# One tile read both ways: C = A K^T, then O = C K (flash attention's dQ), K-major then MN-major
+# on Hopper (the same bytes of shared memory once staged); and the tile as the kernel's own
+# output, rewritten between the runs, which the second run must read again.
+_BOTH_WAYS = """
+  constexpr auto qk_desc = matmul2d_descriptor(64, 64, D, false, true);
+  matmul2d<qk_desc, execution_simdgroups<4>> qk_op;
+  constexpr auto pk_desc = matmul2d_descriptor(64, D, 64);
+  matmul2d<pk_desc, execution_simdgroups<4>> pk_op;
+  const uint tid = thread_index_in_threadgroup;
+  auto tA = tensor(a, dextents<int, 2>(D, 64));
+  auto ctA = qk_op.template get_left_input_cooperative_tensor<T, T, float>();
+  ctA.load(tA);
+  auto ctC = qk_op.template get_destination_cooperative_tensor<decltype(ctA), decltype(tA), float>();
+  if (FROM_OUTPUT) {
+    for (uint i = tid; i < 64 * D; i += 128) w[i] = k[i];
+    threadgroup_barrier(mem_flags::mem_device);
+    qk_op.run(ctA, tensor(w, dextents<int, 2>(D, 64)), ctC);
+    threadgroup_barrier(mem_flags::mem_device);
+    for (uint i = tid; i < 64 * D; i += 128) w[i] = T(2) * k[i];
+    threadgroup_barrier(mem_flags::mem_device);
+  } else {
+    qk_op.run(ctA, tensor(k, dextents<int, 2>(D, 64)), ctC);
+  }
+  auto ctP = pk_op.template get_left_input_cooperative_tensor<T, T, float>(ctC);
+  auto ctO = pk_op.template get_destination_cooperative_tensor<decltype(ctP), decltype(tA), float>();
+  if (FROM_OUTPUT) pk_op.run(ctP, tensor(w, dextents<int, 2>(D, 64)), ctO);
+  else pk_op.run(ctP, tensor(k, dextents<int, 2>(D, 64)), ctO);
+  ctO.store(tensor(o, dextents<int, 2>(D, 64)));
+"""
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("from_output", [False, True])
+def test_a_tile_read_both_ways(device, D, from_output):
+    import kernelkit as kk
+    dtype = torch.bfloat16
+    a, k = (torch.randn(64, D, device=device).to(dtype) for _ in range(2))
+    kernel = kk.metal_kernel(name="tile_read_both_ways", input_names=["a", "k"], output_names=["o", "w"],
+                             source=_BOTH_WAYS, header="#include <metal_tensor>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\nusing namespace mpp::tensor_ops;\n")
+    o, _ = kernel(inputs=[a, k], template=[("T", dtype), ("D", D), ("FROM_OUTPUT", from_output)],
+                  output_shapes=[(64, D), (64, D)], output_dtypes=[torch.float32, dtype], init_value=float("nan"),
+                  grid=(128, 1, 1), threadgroup=(128, 1, 1))
+    p = (a.double() @ k.double().T).to(dtype).double()
+    ref = p @ (k.double() * (2 if from_output else 1))
+    torch.testing.assert_close(o.double(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
