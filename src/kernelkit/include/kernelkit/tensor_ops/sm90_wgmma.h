@@ -37,7 +37,8 @@
 //   dynamic shared memory (cuda_kernel's shared_memory=, or the launcher's carve-out for
 //   tensor-op kernels); a body's own dynamic shared memory lies past the groups' slices. run
 //   traps (the launch fails) when %dynamic_smem_size is smaller. smem_bytes =
-//   Stages * (BM + BN) * 128 + 1536.
+//   Stages * (BM + BN) * 128 + 1536; run_scaled's slices are scaled_smem_bytes, 2 (BM + BN) * 16
+//   more for its scales (two K tiles' worth, as floats).
 // - Global memory: 1 MiB of tensor maps per loaded module (__device__ arrays; a slot per group
 //   in flight, claimed per SM with an atomic and released at the end of run).
 // - A function call anywhere in the kernel (printf, a non-inlined function) makes ptxas
@@ -45,7 +46,8 @@
 // - run_scaled: MXFP8, acc (+)= sum over K of A(m, k) sa(m, k / 32) * B(k, n) sb(n, k / 32), the
 //   scales ue8m0 bytes (2^(s - 127); 0 is 2^-127, 255 NaN) of block_scales. Each 32-element block
 //   of K is one wgmma (k32) into a second set of accumulators, added to acc times its two scales
-//   (exact: the scales are powers of two); fp8 types, K-major both.
+//   (exact: the scales are powers of two), which are staged as floats in shared memory a K tile
+//   ahead; fp8 types, K-major both.
 // - Types (TA, TB -> TAcc): __half / __half, __nv_bfloat16 / __nv_bfloat16 -> float (HGMMA);
 //   __nv_fp8_e4m3 / __nv_fp8_e5m2 in any pair -> float (QGMMA); float / float -> float as tf32;
 //   signed char / signed char -> int (IGMMA). Specialise wgmma_type<T> to map another type.
