@@ -7,7 +7,9 @@
   backward, eager and under torch.compile (fullgraph), timed interleaved in rounds (CUDA events on
   a GPU, host time on the CPU): compiling must not make it slower. Several sizes: where the host's
   work per step dominates (host-bound) and where the device's does; on a GPU, each step's host time
-  too (its launches alone, no sync), which says which one bounds the step.
+  too (its launches alone, no sync), which says which one bounds the step. Beside it, the same
+  model with torch's own F.grid_sample, eager and compiled: what torch.compile costs a model of
+  native ops at that size.
 - With --baseline SRC (the `src` directory of an earlier kernelkit): the per-call overhead of a
   cached kernel (kernelkit.benchmarks.overhead_figures) of this checkout and of SRC, measured in
   alternating fresh processes, so that a change in the call path shows as a ratio.
@@ -43,6 +45,14 @@ class Sampler(torch.nn.Module):
 
     def forward(self, x, grid):
         return kk.ops.grid_sample(self.proj(x), grid + self.offset)
+
+
+class TorchSampler(Sampler):
+    """The same model on torch's own grid_sample (channels first; bilinear, zero padding)."""
+
+    def forward(self, x, grid):
+        return torch.nn.functional.grid_sample(self.proj(x).permute(0, 3, 1, 2), grid + self.offset,
+                                               align_corners=False)
 
 
 # (B, H, W, C, gH, gW) of x (B, H, W, C) and grid (B, gH, gW, 2)
@@ -81,17 +91,21 @@ def compile_figures(device, size, quick: bool) -> dict:
     errors = {name: [bm.relative_error(g, r) for g, r in zip(grads(m, x, grid), reference)]
               for name, m in (("eager", model), ("compiled", compiled))}
     assert all(c <= 2 * e + 1e-5 for c, e in zip(errors["compiled"], errors["eager"])), errors
-    per_round = {"eager_ms": [], "compiled_ms": []}
+    native = TorchSampler(C).to(device)
+    models = {"eager": model, "compiled": compiled, "torch_eager": native,
+              "torch_compiled": torch.compile(native, fullgraph=True)}
+    per_round = {f"{name}_ms": [] for name in models}
     if device.type == "cuda":
         per_round.update(eager_host_ms=[], compiled_host_ms=[])
     for _ in range(rounds):
-        for name, m in (("eager", model), ("compiled", compiled)):
+        for name, m in models.items():
             per_round[f"{name}_ms"].append(bm.time_ms(step(m, x, grid), device, reps, warmup=2))
-            if device.type == "cuda":
+            if device.type == "cuda" and not name.startswith("torch"):
                 per_round[f"{name}_host_ms"].append(_host_ms(step(m, x, grid), reps))
     ms = {k: statistics.median(v) for k, v in per_round.items()}
     return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]}, "rounds": rounds, "reps": reps,
             **ms, "compiled_over_eager": ms["compiled_ms"] / ms["eager_ms"],
+            "torch_compiled_over_eager": ms["torch_compiled_ms"] / ms["torch_eager_ms"],
             "grad_relative_error_to_float64": errors, "per_round_ms": per_round}
 
 
@@ -159,7 +173,8 @@ def main() -> int:
                 if "eager_host_ms" in c else "")
         print(f"grid_sample model fwd+bwd, x {c['shape']['x']}: eager {c['eager_ms']:.3f} ms, "
               f"torch.compile {c['compiled_ms']:.3f} ms, compiled / eager {c['compiled_over_eager']:.3f}"
-              + host)
+              + host + f"; with torch's F.grid_sample: eager {c['torch_eager_ms']:.3f} ms, compiled "
+              f"{c['torch_compiled_ms']:.3f} ms, compiled / eager {c['torch_compiled_over_eager']:.3f}")
     if a.baseline:
         o = body["overhead"]
         print(f"per-call overhead: this {o['this_us']:.2f} us, baseline {o['baseline_us']:.2f} us, "

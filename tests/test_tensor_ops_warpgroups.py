@@ -11,6 +11,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+HEADER = """#include <metal_tensor>
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace mpp::tensor_ops;
+"""
 
 
 def _bench():
@@ -58,6 +62,42 @@ def test_two_warpgroups_take_their_shared_memory(nvrtc):
     assert cuda.tensor_ops_shared(compiled.binary) == 4 * (256 + 128) * 128 + 1536
 
 
+# Warpgroups of one threadgroup running ops of different sizes at the same time, then one op over
+# both (warpgroup.h: only the first group of a width takes the warpgroup path; sm90_wgmma.h: each
+# width its own barriers, a two-warpgroup run starts at its barrier). Slices at j * bytes of each
+# op's size gave the second warpgroup's small op memory inside the first's large one (wrong sums).
+GROUPS = """
+  const uint wg = simdgroup_index_in_threadgroup / 4;
+  auto A = tensor(a, dextents<int, 2>(K, 128));
+  auto B = tensor(b, dextents<int, 2>(192, K));
+  if (wg == 0) {
+    constexpr auto dx = matmul2d_descriptor(64, 192, dynamic_length_v<int>);
+    matmul2d<dx, execution_simdgroups<4>> x;
+    x.run(A, B, tensor(cx, dextents<int, 2>(192, 64)));
+  } else {
+    constexpr auto dy = matmul2d_descriptor(64, 64, dynamic_length_v<int>);
+    matmul2d<dy, execution_simdgroups<4>> y;
+    y.run(A.slice(0, 64), B, tensor(cy, dextents<int, 2>(64, 64)));
+  }
+  constexpr auto dz = matmul2d_descriptor(128, 128, dynamic_length_v<int>);
+  matmul2d<dz, execution_simdgroups<8>> z;
+  z.run(A, B, tensor(cz, dextents<int, 2>(128, 128)));
+"""
+
+
+def test_groups_of_one_threadgroup_running_different_ops(device):
+    import kernelkit as kk
+    K = 1024  # 16 K tiles: on Hopper the runs stage through TMA
+    k = kk.metal_kernel("tops_groups", ["a", "b"], ["cx", "cy", "cz"], GROUPS, header=HEADER)
+    a = torch.randn(128, K, device=device).to(torch.bfloat16)
+    b = torch.randn(K, 192, device=device).to(torch.bfloat16)
+    outs = k(inputs=[a, b], output_shapes=[(64, 192), (64, 64), (128, 128)], output_dtypes=[torch.float32] * 3,
+             grid=(256 * 8, 1, 1), threadgroup=(256, 1, 1), template=[("K", K)], init_value=float("nan"))
+    ad, bd = a.double(), b.double()
+    for out, ref in zip(outs, (ad[:64] @ bd, ad[64:] @ bd[:, :64], ad @ bd[:, :128])):
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
 # kernelkit's extension of Apple's API: a left input cooperative tensor on execution_simdgroups<W>
 # (Apple's SDK takes input cooperative tensors on execution_simdgroup only). On Hopper it is
 # wgmma's register operand: C = A B into a destination cooperative tensor, then O = C V1 + C V2,
@@ -96,7 +136,7 @@ def test_left_input_cooperative_on_simdgroups(device, W, M, TB, dtype):
     b = torch.randn((nb, K) if TB else (K, nb), device=device).to(dtype)
     v = torch.randn(nv, NV, device=device).to(dtype)
     kernel = kk.metal_kernel(name="left_input_cooperative", input_names=["a", "b", "v"], output_names=["o"],
-                             source=_REGISTERS, header="#include <metal_tensor>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\nusing namespace mpp::tensor_ops;\n")
+                             source=_REGISTERS, header=HEADER)
     o = kernel(inputs=[a, b, v], template=[("T", dtype), ("M", M), ("N", N), ("K", K), ("NV", NV), ("W", W), ("TB", TB)],
                output_shapes=[(rows, NV)], output_dtypes=[torch.float32], init_value=float("nan"),
                grid=(32 * W * -(-rows // M), 1, 1), threadgroup=(32 * W, 1, 1))[0]
@@ -118,7 +158,7 @@ def test_right_input_cooperative_needs_one_simdgroup():
   o[0] = ct.get_capacity();
 """
     kernel = kk.metal_kernel(name="right_input_cooperative", input_names=["a"], output_names=["o"], source=src,
-                             header="#include <metal_tensor>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\nusing namespace mpp::tensor_ops;\n")
+                             header=HEADER)
     with pytest.raises(kk.CompileError, match="Input cooperative tensors require a single SIMD group"):
         kernel(inputs=[torch.zeros(1)], output_shapes=[(1,)], output_dtypes=[torch.float32], grid=(128, 1, 1),
                threadgroup=(128, 1, 1))
@@ -162,7 +202,7 @@ def test_a_tile_read_both_ways(device, D, from_output):
     dtype = torch.bfloat16
     a, k = (torch.randn(64, D, device=device).to(dtype) for _ in range(2))
     kernel = kk.metal_kernel(name="tile_read_both_ways", input_names=["a", "k"], output_names=["o", "w"],
-                             source=_BOTH_WAYS, header="#include <metal_tensor>\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\nusing namespace mpp::tensor_ops;\n")
+                             source=_BOTH_WAYS, header=HEADER)
     o, _ = kernel(inputs=[a, k], template=[("T", dtype), ("D", D), ("FROM_OUTPUT", from_output)],
                   output_shapes=[(64, D), (64, D)], output_dtypes=[torch.float32, dtype], init_value=float("nan"),
                   grid=(128, 1, 1), threadgroup=(128, 1, 1))

@@ -23,7 +23,10 @@
 //   [g * BM / Warpgroups, (g + 1) * BM / Warpgroups) of the tile, and the group shares each
 //   stage of B. Warpgroups = 1 is the talk's threadgroup of 128 threads (execution_simdgroups<4>);
 //   2 is a 256-thread threadgroup (execution_simdgroups<8>). Groups of one threadgroup are
-//   independent: group j synchronises on named barrier 1 + j only (so at most 15 groups).
+//   independent: group j synchronises on named barrier 1 + j (one warpgroup: at most 8
+//   groups) or 9 + j (two: at most 4), so that groups of the two widths never share one; a
+//   two-warpgroup run starts at its barrier (its warpgroups' earlier runs are done with the
+//   slice before either stages into it).
 //   Every thread of a group must reach run: dispatch whole threadgroups (a Metal grid that is
 //   not a multiple of the threadgroup ends the last group's extra threads before the body,
 //   and its barriers would then wait for ever).
@@ -579,7 +582,7 @@ struct warpgroup_gemm {
       const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
       const int group = int(linear / threads);
       t = int(linear % threads);
-      barrier = 1 + group;
+      barrier = (WG == 1 ? 1 : 9) + group;
       unsigned dynamic;
       asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
       // Too little shared memory would corrupt the caller's: trap (no printf: any call in the
@@ -587,6 +590,7 @@ struct warpgroup_gemm {
       if (dynamic < unsigned((group + 1) * bytes)) __trap();
       extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
       base = (detail::smem_u32(kk_sm90_dynamic_smem) + group * bytes + 1023) & ~1023u;
+      if (WG > 1) detail::named_barrier(barrier, threads);
     }
   };
 

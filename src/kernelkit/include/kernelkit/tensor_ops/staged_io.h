@@ -146,7 +146,8 @@ struct staged_io {
     const int byte = col * int(sizeof(U));
     return row * row_bytes<U> + ((((byte >> 4) ^ row) & 7) | ((byte >> 4) & ~7)) * 16 + (byte & 15);
   }
-  static KK_FN void barrier() { asm volatile("bar.sync 1, %0;\n" ::"r"(32 * W) : "memory"); }
+  // (the scope's barrier as its runs number it, sm90_wgmma.h: 1 for one warpgroup, 9 for two)
+  static KK_FN void barrier() { asm volatile("bar.sync %0, %1;\n" ::"n"(W == 8 ? 9 : 1), "r"(32 * W) : "memory"); }
 
   // The tile's rows between shared memory s and t, 16 bytes a thread a step (whole sectors);
   // the parts of chunks past t's extents element by element (loads read them as zero).

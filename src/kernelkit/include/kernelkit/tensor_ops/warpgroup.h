@@ -97,9 +97,11 @@ struct warpgroup_matmul {
   // The thread's group of WG warpgroups in the threadgroup, and its thread in the group.
   static KK_FN int linear_thread() { return int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
-  // Whether this run can take the path (uniform over the group): group j of a threadgroup stages
-  // through slice j of the dynamic shared memory (the backend gives one slice: a threadgroup of
-  // several groups runs its later ones on mma.sync).
+  // Whether this run can take the path (uniform over the group): the threadgroup's first group of
+  // the op's width stages through the start of the dynamic shared memory (the backend gives one
+  // slice, the largest run's); later groups run on mma.sync. (Slices j * bytes for later groups
+  // would overlap the first group's where a kernel's ops differ in size: a group running a small
+  // op beside one running a large op.)
   static KK_FN bool ready(const Left& l, const Right& r) {
     if constexpr (!applies) {
       return false;
@@ -107,11 +109,11 @@ struct warpgroup_matmul {
       asm volatile("" ::"l"(&kk_tops_dynamic_smem<smem_bytes>));
       unsigned smem;
       asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
-      const unsigned group = unsigned(linear_thread() / gemm::threads);
+      const bool first = linear_thread() < gemm::threads && smem >= unsigned(smem_bytes);
       bool blocks_aligned = true;  // a scaled slice starts on a block of K
       if constexpr (mx) blocks_aligned = l.plane.origin0 % 32 == 0 && r.plane.origin0 % 32 == 0;
-      if constexpr (registers) return smem >= (group + 1) * unsigned(smem_bytes) && __isGlobal(r.ptr);
-      else return smem >= (group + 1) * unsigned(smem_bytes) && __isGlobal(l.ptr) && __isGlobal(r.ptr) && blocks_aligned;
+      if constexpr (registers) return first && __isGlobal(r.ptr);
+      else return first && __isGlobal(l.ptr) && __isGlobal(r.ptr) && blocks_aligned;
     }
   }
 
