@@ -23,9 +23,8 @@
 //   [g * BM / Warpgroups, (g + 1) * BM / Warpgroups) of the tile, and the group shares each
 //   stage of B. Warpgroups = 1 is the talk's threadgroup of 128 threads (execution_simdgroups<4>);
 //   2 is a 256-thread threadgroup (execution_simdgroups<8>). Groups of one threadgroup are
-//   independent: group j synchronises on named barrier 1 + j (one warpgroup: at most 8
-//   groups) or 9 + j (two: at most 4), so that groups of the two widths never share one; a
-//   two-warpgroup run starts at its barrier (its warpgroups' earlier runs are done with the
+//   independent: group j synchronises on its own named barrier (group_barrier: groups of
+//   one and two warpgroups never share one); a two-warpgroup run starts at its barrier (its warpgroups' earlier runs are done with the
 //   slice before either stages into it).
 //   Every thread of a group must reach run: dispatch whole threadgroups (a Metal grid that is
 //   not a multiple of the threadgroup ends the last group's extra threads before the body,
@@ -134,6 +133,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The named barrier of group j of WG warpgroups: 1 + j for one warpgroup (at most 8 groups),
+// 9 + j for two (at most 4), so that groups of the two widths never share one (0 is __syncthreads).
+constexpr int group_barrier(int wg, int group) { return (wg == 1 ? 1 : 9) + group; }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
@@ -582,7 +584,7 @@ struct warpgroup_gemm {
       const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
       const int group = int(linear / threads);
       t = int(linear % threads);
-      barrier = (WG == 1 ? 1 : 9) + group;
+      barrier = detail::group_barrier(WG, group);
       unsigned dynamic;
       asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
       // Too little shared memory would corrupt the caller's: trap (no printf: any call in the

@@ -16,6 +16,10 @@
 // before the run's first barrier).
 #pragma once
 
+#if defined(KK_TARGET_CUDA) && !defined(KK_TOPS_NO_WARPGROUP)
+#include <kernelkit/tensor_ops/sm90_wgmma.h>  // the warpgroups' barriers
+#endif
+
 namespace kk {
 namespace tops {
 
@@ -146,8 +150,10 @@ struct staged_io {
     const int byte = col * int(sizeof(U));
     return row * row_bytes<U> + ((((byte >> 4) ^ row) & 7) | ((byte >> 4) & ~7)) * 16 + (byte & 15);
   }
-  // (the scope's barrier as its runs number it, sm90_wgmma.h: 1 for one warpgroup, 9 for two)
-  static KK_FN void barrier() { asm volatile("bar.sync %0, %1;\n" ::"n"(W == 8 ? 9 : 1), "r"(32 * W) : "memory"); }
+  // (the scope's one group's barrier, as its runs number it)
+  static KK_FN void barrier() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(sm90::detail::group_barrier(W / 4, 0)), "r"(32 * W) : "memory");
+  }
 
   // The tile's rows between shared memory s and t, 16 bytes a thread a step (whole sectors);
   // the parts of chunks past t's extents element by element (loads read them as zero).
