@@ -52,10 +52,11 @@ def fused_case(batch: int, n: int, dtype, iters: int, rounds: int) -> list[dict]
     errs = {k: rel(f(), ref) for k, f in fns.items()}
     del ref
     ms = interleaved(fns, iters, rounds)
-    tm, tn, sg = mar._tile(dtype, lhs.device, False)
-    tmpl = [("T", dtype), ("ACC", torch.float32), ("TILEM", tm), ("TILEN", tn), ("SG", sg), ("BAND", mar._BAND),
-            ("RELU", 1), ("RELAXED", 0)]
-    sass = kernel_sass(mar._kernel, inputs=[lhs, rhs, bias], output_dtypes=[dtype], template=tmpl)
+    # the persistent kernel's SASS (these operands are row-major: lhs K-major, rhs N-major)
+    views = [t.view(-1, *t.shape[-2:]) for t in (lhs, rhs, bias)]
+    sass = kernel_sass(mar._persistent_kernel, inputs=views, output_dtypes=[dtype], output_shapes=[views[2].shape],
+                       template=[("T", dtype), ("KA", 1), ("KB", 0), ("BIAS_TILES", 1), ("RELU", 1)],
+                       grid=(mar._PERSISTENT_THREADS, 1, 1), threadgroup=(mar._PERSISTENT_THREADS, 1, 1))
     flop = 2 * batch * n ** 3
     name = f"matmul_add_relu {str(dtype).split('.')[1]} {batch} x {n}^3"
     return [dict(case=name, contender=k, ms=v, tflops=flop / v / 1e9, ratio_to_ours=v / ms["kernelkit"],

@@ -9,6 +9,7 @@ from unittest import mock
 import pytest
 import torch
 
+import kernelkit as kk
 from kernelkit.ops import grid_sample, grid_sample_torch, matmul_add_relu, matmul_add_relu_reference
 from kernelkit.ops.grid_sample import MODES, grid_sample_backward, grid_sample_forward
 
@@ -395,6 +396,59 @@ def test_matmul_add_relu_wide_tiles(device, dtype):
         ref.backward(cot.double())
         for t, r in zip((lhs, rhs, bias), refs):
             assert t.grad.dtype == dtype and relative_error(t.grad, r.grad) < 2e-2
+
+
+def _persistent_cases(dtype):
+    """(lhs, rhs, bias) that the persistent Hopper GEMM takes: each operand majorness, edges off
+    the 256 x 128 tiles and K off its 64-element stages, a broadcast rhs, a (N,) and a full bias,
+    and more tiles than an H100 has SMs; the full biases go by TMA, the others pair by pair."""
+    def r(*shape):
+        return torch.randn(shape, device="cuda").to(dtype)
+    return [
+        (r(2, 300, 264), r(264, 200), r(200)),                                   # rhs shared by the batch
+        (r(2, 264, 304)[..., :300].transpose(1, 2), r(2, 200, 264).transpose(1, 2), r(2, 300, 200)),  # M-, K-major
+        (r(1100, 136), r(136, 2056), r(1100, 2056)),                             # one matrix, 9 x 17 tiles
+        (r(3, 513, 520), r(3, 520, 1032), r(3, 1, 1032)),                        # 3 x 3 x 9 tiles
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", HALF)
+def test_matmul_add_relu_persistent(dtype, monkeypatch):
+    """Hopper's path for 16-bit operands TMA can read: forward and backward against float64, and
+    the path taken (its kernel launched) for every product."""
+    mar = sys.modules["kernelkit.ops.matmul_add_relu"]
+    launches = []
+    kernel = mar._persistent_kernel
+    monkeypatch.setattr(mar, "_persistent_kernel", lambda **kw: launches.append(kw["template"]) or kernel(**kw))
+    for lhs, rhs, bias in _persistent_cases(dtype):
+        leaves = [t.requires_grad_() for t in (lhs, rhs, bias)]
+        out = matmul_add_relu(*leaves)
+        refs = [t.detach().double().requires_grad_() for t in leaves]
+        ref = matmul_add_relu_reference(*refs)
+        assert out.shape == ref.shape and relative_error(out.detach(), ref.detach()) < 1e-2
+        cot = torch.randn_like(out)
+        out.backward(cot)
+        ref.backward(cot.double())
+        for t, r in zip(leaves, refs):
+            assert relative_error(t.grad, r.grad) < 2e-2
+    assert len(launches) == 3 * 4  # forward, then the backward's two products, each case
+    assert {(dict(t)["KA"], dict(t)["KB"]) for t in launches} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_matmul_add_relu_persistent_compiles_for_sm90a(dtype, nvrtc):
+    """The persistent kernel in each operand majorness, the bias by TMA or pair by pair, as an H100
+    launches it, compiled by NVRTC (on a GPU machine too)."""
+    mar = sys.modules["kernelkit.ops.matmul_add_relu"]
+    meta = torch.empty(2, 256, 256, dtype=dtype, device="meta")
+    for ka, kb, tiles in [(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1), (1, 0, 0)]:
+        template = [("T", dtype), ("KA", ka), ("KB", kb), ("BIAS_TILES", tiles), ("RELU", 1)]
+        compiled = kk.compile_for(mar._persistent_kernel, "sm_90", inputs=[meta] * 3, output_dtypes=[dtype],
+                                  output_shapes=[meta.shape], template=template, grid=(384, 1, 1), threadgroup=(384, 1, 1))
+        assert compiled.arch == "sm_90a" and compiled.binary
 
 
 def test_matmul_add_relu_relaxed_precision(device):

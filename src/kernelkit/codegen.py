@@ -69,6 +69,8 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
     out.append(f"KK_FN void kk_call(const kk_args& a, const kk_thread_ctx& t) {{\n"
                f"  {prologue}{dialect.call_target(fn, sig)}({args});\n}}")
     out.append(f"}}  // namespace {ns}")
+    if target == "cuda":
+        out.append("#include <kernelkit/entry_bounds.h>")
     entry = debug.entry(target, ns, entry_name(name)) if debug is not None else None
     out.append(entry or _ENTRY[target].format(ns=ns, entry=entry_name(name)))
     return "\n".join(out) + "\n"
@@ -102,7 +104,7 @@ def entry_name(name: str) -> str:
 
 
 _ENTRY = {
-    "cuda": """extern "C" __global__ void {entry}(const {ns}::kk_args a) {{
+    "cuda": """extern "C" __global__ void KK_ENTRY_BOUNDS {entry}(const {ns}::kk_args a) {{
   kk_thread_ctx t;
   if (!kk::cuda_thread_ctx(a.kk_grid, t)) return;
   {ns}::kk_call(a, t);

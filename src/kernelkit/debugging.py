@@ -119,7 +119,7 @@ class Plan:
         threads outside the grid return."""
         if target != "cuda":
             return None
-        return (f'extern "C" __global__ void {name}(const {ns}::kk_args a) {{\n'
+        return (f'extern "C" __global__ void KK_ENTRY_BOUNDS {name}(const {ns}::kk_args a) {{\n'
                 f"  {ns}::kk_dbg_bind(a, nullptr);\n"
                 "  if (::kk::dbg::stopped()) return;\n"
                 "  kk_thread_ctx t;\n"

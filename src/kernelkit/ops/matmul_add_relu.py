@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import custom_function, metal_kernel
+from .. import cuda_kernel, custom_function, metal_kernel
 from ..preconditions import FLOATS, Preconditions
 
 _HEADER = """#include <metal_tensor>
@@ -24,6 +24,14 @@ using namespace mpp::tensor_ops;
 _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"], output_names=["out"],
                        source=Path(__file__).with_name("matmul_add_relu.metal").read_text(), header=_HEADER,
                        ensure_row_contiguous=False)
+
+# Hopper, 16-bit types: the layer's persistent GEMM (one threadgroup an SM, the next tile's loads
+# under this tile's epilogue), where its TMA copies can read the operands.
+_PERSISTENT_THREADS, _PERSISTENT_SMEM = 384, 3 * 384 * 128 + 2 * 128 * 256 + 2048
+_persistent_kernel = cuda_kernel(name="matmul_add_relu_sm90", input_names=["lhs", "rhs", "bias"], output_names=["out"],
+                                 source=Path(__file__).with_name("matmul_add_relu_sm90.cu").read_text(),
+                                 header="#define KK_MAX_THREADS_PER_THREADGROUP 384\n#include <kernelkit/tensor_ops.h>\n", ensure_row_contiguous=False,
+                                 shared_memory=_PERSISTENT_SMEM)
 
 # (TILEM, TILEN, SG): on NVIDIA, 16-bit types take the warpgroup path with two warpgroups sharing
 # a 256 x 128 tile (the talk matmul's fastest, bench/bench_talk_matmul.py); float (exact: mma.sync
@@ -36,6 +44,59 @@ def _tile(dtype: torch.dtype, device: torch.device, relaxed: bool) -> tuple[int,
     wide = device.type == "cuda" and (dtype in (torch.float16, torch.bfloat16) or
                                       (dtype == torch.float32 and relaxed))
     return _WIDE if wide else _NARROW
+
+
+def _as3d(t: torch.Tensor) -> torch.Tensor | None:
+    """t (..., R, C) as a (batch, R, C) view, or None where its batch dims do not collapse."""
+    try:
+        return t.view(-1, *t.shape[-2:])
+    except RuntimeError:
+        return None
+
+
+def _tma_operand(t: torch.Tensor) -> int | None:
+    """1 if TMA reads the 3-D operand t K-major (last dim contiguous), 0 if MN-major (rows
+    contiguous), None if it cannot: strides and base 16-byte aligned (a batch stride of 0 is a
+    broadcast: one matrix)."""
+    s = t.stride()
+    if s[2] == 1:
+        major, row = 1, s[1]
+    elif s[1] == 1:
+        major, row = 0, s[2]
+    else:
+        return None
+    if (row * 2) % 16 or row <= 0 or (s[0] * 2) % 16:
+        return None
+    try:
+        aligned = t.data_ptr() % 16 == 0
+    except RuntimeError:  # no data (torch.compile's fake tensors): what the real call sees decides
+        aligned = True
+    return major if aligned else None
+
+
+def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
+    """The fused op by the persistent Hopper GEMM, or None where it does not apply."""
+    dev = lhs.device
+    if dev.type != "cuda" or lhs.dtype not in (torch.float16, torch.bfloat16) or \
+            torch.cuda.get_device_capability(dev) != (9, 0):
+        return None
+    M, K = lhs.shape[-2:]
+    N = rhs.shape[-1]
+    batch = out_shape[:-2]
+    a, b = _as3d(lhs.expand(*batch, M, K)), _as3d(rhs.expand(*batch, K, N))
+    c = _as3d(bias.expand(out_shape))
+    if a is None or b is None or c is None or N % 8 or max(M, N, K, a.shape[0]) >= 2**31:
+        return None
+    ka, kb = _tma_operand(a), _tma_operand(b.transpose(1, 2))
+    if ka is None or kb is None:
+        return None
+    bias_tiles = _tma_operand(c) == 1  # else loaded pair by pair in the epilogue (a broadcast row)
+    tiles = a.shape[0] * -(-M // 256) * -(-N // 128)
+    ctas = min(tiles, torch.cuda.get_device_properties(dev).multi_processor_count)
+    return _persistent_kernel(inputs=[a, b, c], template=[("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS_TILES", int(bias_tiles)),
+                                        ("RELU", int(relu))],
+                              output_shapes=[out_shape], output_dtypes=[lhs.dtype],
+                              grid=(ctas * _PERSISTENT_THREADS, 1, 1), threadgroup=(_PERSISTENT_THREADS, 1, 1))[0]
 
 
 def _output_shape(lhs, rhs, bias) -> tuple[int, ...]:
@@ -67,6 +128,9 @@ def _fused(lhs, rhs, bias, out_shape, relu: bool, relaxed: bool) -> torch.Tensor
     if K == 0:  # an empty sum: nothing to multiply
         b = bias.expand(out_shape)
         return (torch.relu(b) if relu else b).contiguous()
+    fast = _persistent(lhs, rhs, bias, out_shape, relu)
+    if fast is not None:
+        return fast
     batch = out_shape[:-2]
     tm, tn, sg = _tile(lhs.dtype, lhs.device, relaxed)
     groups = math.prod(batch) * -(-M // tm) * -(-N // tn)

@@ -21,6 +21,7 @@
 #if defined(KK_TARGET_CUDA)
 #include "tensor_ops/mma_sync.h"            // the warp tensor-core path (sm_80+)
 #include "tensor_ops/warpgroup.h"           // the warpgroup path (wgmma, sm_90a)
+#include "tensor_ops/sm90_persistent.h"     // a persistent warp-specialised GEMM (library ops)
 #endif
 #include "tensor_ops/matmul2d.h"            // matmul2d, its path
 #include "tensor_ops/reduction.h"           // reduce_rows, reduce_columns

@@ -176,6 +176,20 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+// Shared -> global through a map (TMA store), in the issuing thread's bulk group; the group's
+// reads of shared memory are waited for by bulk_wait_read, its writes by bulk_wait.
+__device__ __forceinline__ void tma_store_3d(const void* map, unsigned src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Tensor maps made on the device (as Triton's device-side descriptors): zeroed in shared memory,
 // every field of a 2-D tiled map set by tensormap.replace, then copied to global memory, where
@@ -194,13 +208,24 @@ __device__ __forceinline__ int claim_slot(unsigned sm) {
 }
 __device__ __forceinline__ void release_slot(unsigned sm, int slot) { atomicAnd(&tensor_map_slots[sm], ~(1u << slot)); }
 
-// A 2-D map, dims innermost first, 128-byte swizzle, zero fill: ElemType 0/1/2 = 1/2/4-byte.
+// A 2-D (3-D: dim2 > 0) map, dims innermost first, 128-byte swizzle, zero fill: ElemType 0/1/2 =
+// 1/2/4-byte. A third dim (a batch) has boxes of one.
 template <int ElemType>
 __device__ __forceinline__ void make_map(unsigned map, const void* base, unsigned dim0, unsigned dim1,
-                                         unsigned long long stride1_bytes, unsigned box0, unsigned box1) {
+                                         unsigned long long stride1_bytes, unsigned box0, unsigned box1,
+                                         unsigned dim2 = 0, unsigned long long stride2_bytes = 0) {
   asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(map),
                "l"(base) : "memory");
-  asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;\n" ::"r"(map) : "memory");  // rank - 1
+  if (dim2) {
+    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 2;\n" ::"r"(map) : "memory");  // rank - 1
+    asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 2, 1;\n" ::"r"(map) : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 2, %1;\n" ::"r"(map), "r"(dim2) : "memory");
+    asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 1, %1;\n" ::"r"(map),
+                 "l"(stride2_bytes) : "memory");
+    asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 2, 1;\n" ::"r"(map) : "memory");
+  } else {
+    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;\n" ::"r"(map) : "memory");
+  }
   asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 0, %1;\n" ::"r"(map), "r"(box0) : "memory");
   asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 1, %1;\n" ::"r"(map), "r"(box1) : "memory");
   asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;\n" ::"r"(map), "r"(dim0) : "memory");

@@ -1,0 +1,336 @@
+// kernelkit/tensor_ops/sm90_persistent.h: a persistent, warp-specialised Hopper GEMM for kernels
+// that own a whole launch (library ops such as matmul_add_relu): C[b] = epilogue(A[b] * B[b]) for
+// a batch of 16-bit matrices, 256 x 128 tiles, one threadgroup an SM walking the tiles.
+//
+// Why beside warpgroup_gemm (sm90_wgmma.h): a `run` there is one tile of a threadgroup that the
+// talk's kernel launches per tile, so each tile pays the tensor maps' set-up (~2 us), its first
+// stage's latency (~1.8 us) and its epilogue with the tensor cores idle, ~8 us against a 21 us
+// main loop at K = 2048 (bench/notes/sm90_wgmma.md). Here a producer warpgroup streams every
+// tile's stages through one pipeline while the consumers compute: the next tile's loads run
+// under this tile's epilogue, the maps are made once a threadgroup, the epilogue's source (a
+// bias) arrives under the main loop, and the output leaves by TMA stores the consumers do not
+// wait for.
+//
+// The contract:
+//
+//   namespace kk::tops::sm90 {
+//   template <class T, bool KA, bool KB, int Band = 16>
+//   struct persistent_gemm {
+//     static constexpr int threads = 384;    // the threadgroup: 2 consumer warpgroups, a producer one
+//     static constexpr int smem_bytes;       // its dynamic shared memory (from byte 0)
+//     struct operand { const void* p; long batch_stride, row_stride; int batches; };
+//     template <class Epilogue>
+//     __device__ static void run(const operand& a, const operand& b, const operand& source, T* c,
+//                                int batches, int M, int N, int K, Epilogue&& epilogue);
+//   };
+//   }
+//
+// - T is __half or __nv_bfloat16, sums in float. A[b] is M x K, B[b] K x N, C[b] M x N
+//   contiguous (row stride N, batch stride M * N). KA: A is K-major (element (m, k) at
+//   m * row_stride + k), else M-major ((m, k) at k * row_stride + m); KB: B is K-major ((k, n) at
+//   n * row_stride + k), else N-major ((k, n) at k * row_stride + n). An operand with batches
+//   == 1 serves every batch (a broadcast). TMA's limits: bases 16-byte aligned, strides in
+//   bytes multiples of 16 (and nonzero), extents below 2^31: the caller checks them.
+// - source (p may be null: none): an M x N matrix of T a batch, (row, col) at
+//   row * row_stride + col, under the same limits, read tile by tile for the epilogue.
+// - epilogue(v0, v1, s0, s1, batch, row, col) maps the sums of (row, col) and (row, col + 1) in
+//   place, s0 and s1 the source's elements there (0 without a source); it runs once per pair,
+//   every pair of the tile (rows >= M or cols >= N included: they are not stored).
+// - Every thread of the threadgroup calls run; launch as many threadgroups as there are SMs or
+//   tiles (the shared memory allows one an SM). The kernel's header defines
+//   KK_MAX_THREADS_PER_THREADGROUP as 384 (entry_bounds.h): the kernel starts at 168 registers a
+//   thread, then the producer warpgroup gives its registers to the consumers (setmaxnreg: 40
+//   and 232, as CUTLASS's warp-specialised kernels).
+//
+// Pipeline: 3 stages of A (256 x 128 bytes of K) and B (128 x 128 bytes), full and empty
+// mbarriers; the producer's first thread issues each stage's copies once its stage is released.
+// Each consumer warpgroup computes 128 rows of the tile (wgmma m64n128k16, two 64-row blocks),
+// one MMA group in flight, then maps its 128 x 128 through its 32 KB tile buffer (two halves of
+// 64 columns, 128-byte swizzle): the producer loads the source's tile there by TMA once the
+// tile's first stages are issued and the previous tile's stores have read the buffer (the
+// consumers say so at their next tile's second step), each thread maps its pairs in place, and
+// two TMA stores take the tile out. Four stages would leave no room for the buffers, and a
+// source read in the epilogue cost ~17 us a tile (measured, bench/notes/sm90_wgmma.md).
+#pragma once
+
+#if defined(KK_TARGET_CUDA)
+#include <kernelkit/tensor_ops/sm90_wgmma.h>
+
+namespace kk::tops::sm90 {
+
+template <class T, bool KA, bool KB, int Band = 16>
+struct persistent_gemm {
+  static constexpr int BM = 256, BN = 128, Stages = 3, threads = 384, consumer_threads = 256;
+  static constexpr int E = wgmma_type<T>::id;
+  static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16);
+  static constexpr int BK = 64;                                // K elements a stage
+  static constexpr int a_bytes = BM * 128, b_bytes = BN * 128, stage_bytes = a_bytes + b_bytes;
+  static constexpr int tile_bytes = 128 * 128 * 2;             // a warpgroup's 128 x 128 outputs
+  // stages, two tile buffers, barriers and four maps (1024); + 1024 to align the stages
+  static constexpr int smem_bytes = Stages * stage_bytes + 2 * tile_bytes + 1024 + 1024;
+
+  struct operand {
+    const void* p;
+    long batch_stride, row_stride;  // elements
+    int batches;
+  };
+
+  template <class Epilogue>
+  __device__ static void run(const operand& a, const operand& b, const operand& source, T* c, int batches, int M,
+                             int N, int K, Epilogue&& epilogue) {
+    static_assert(supported, "persistent_gemm: 16-bit types on sm_90a");
+    using namespace detail;
+    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
+    unsigned dynamic;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+    if (dynamic < unsigned(smem_bytes) || blockDim.x * blockDim.y * blockDim.z != unsigned(threads)) __trap();
+    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + 1023) & ~1023u;
+    const unsigned tiles_smem = base + Stages * stage_bytes, extra = tiles_smem + 2 * tile_bytes;
+    // full[Stages], empty[Stages], src_full[2], src_empty[2], the slots word; maps from + 256
+    const unsigned full = extra, empty = extra + 8 * Stages, src_full = extra + 16 * Stages,
+                   src_empty = src_full + 16, slot_word = src_empty + 16, maps = extra + 256;
+    const bool has_source = source.p != nullptr;
+    const int t = int(threadIdx.x), warp = t >> 5;
+    unsigned sm;
+    asm("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (sm >= unsigned(max_sms)) __trap();
+
+    // The producer's first warp claims two slots of global map memory (A, B; C, source), makes
+    // the maps in shared memory and publishes them; its lane 0 sets up the barriers.
+    int slots = 0;
+    if (warp == 8) {
+      const int l = t & 31;
+      if (l == 0) {
+        slots = claim_slot(sm) | claim_slot(sm) << 8;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot_word), "r"(slots) : "memory");
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) st_shared(maps + 128 * m + 4 * l, 0u);
+      __syncwarp();
+      if (l == 0) {
+        constexpr int et = 1;  // 2-byte elements
+        if (KA) make_map<et>(maps, a.p, K, M, a.row_stride * 2, BK, BM, a.batches, batch_bytes(a, M));
+        else make_map<et>(maps, a.p, M, K, a.row_stride * 2, 64, BK, a.batches, batch_bytes(a, K));
+        if (KB) make_map<et>(maps + 128, b.p, K, N, b.row_stride * 2, BK, BN, b.batches, batch_bytes(b, N));
+        else make_map<et>(maps + 128, b.p, N, K, b.row_stride * 2, 64, BK, b.batches, batch_bytes(b, K));
+        make_map<et>(maps + 256, c, N, M, (unsigned long long)N * 2, 64, 128, batches, (unsigned long long)M * N * 2);
+        if (has_source)
+          make_map<et>(maps + 384, source.p, N, M, source.row_stride * 2, 64, 128, source.batches, batch_bytes(source, M));
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+          mbar_init(full + 8 * s, 1);
+          mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
+        }
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          mbar_init(src_full + 8 * w, 1);
+          mbar_init(src_empty + 8 * w, 1);  // the warpgroup's first thread
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      }
+      __syncwarp();
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
+#pragma unroll
+      for (int m = 0; m < 4; ++m) publish_map(tensor_maps[sm * slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1], maps + 128 * m);
+    }
+    __syncthreads();
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
+    const void* map_c = tensor_maps[sm * slots_per_sm + (slots >> 8)][0];
+
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_tiles = (K + BK - 1) / BK;
+    const int per_batch = tiles_m * tiles_n, tiles = batches * per_batch;
+    // Each role takes its registers first thing (what is live there must fit the new count).
+    if (warp >= 8) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      if (t == 256) {
+        const void* map_a = tensor_maps[sm * slots_per_sm + (slots & 0xff)][0];
+        const void* map_b = tensor_maps[sm * slots_per_sm + (slots & 0xff)][1];
+        const void* map_s = tensor_maps[sm * slots_per_sm + (slots >> 8)][1];
+        acquire_map(map_a);
+        acquire_map(map_b);
+        if (has_source) acquire_map(map_s);
+        int it = 0, n = 0;
+        for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
+          int bt, m0, n0;
+          where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
+          const int ba = a.batches == 1 ? 0 : bt, bb = b.batches == 1 ? 0 : bt;
+          // The source's tile goes after this K step's stage, by when the consumers have said (at
+          // their second step) that the previous tile's stores have read the buffers: the
+          // producer does not wait there while stages are free.
+          const int source_after = min(Stages + 1, k_tiles - 1);
+          for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+            const int s = it % Stages, use = it / Stages;
+            if (use > 0) mbar_wait(empty + 8 * s, (use & 1) ^ 1);
+            const unsigned dst = base + s * stage_bytes, bar = full + 8 * s;
+            mbar_expect_tx(bar, stage_bytes);
+            if (KA) {
+              tma_load_3d(dst, map_a, kt * BK, m0, ba, bar);
+            } else {
+#pragma unroll
+              for (int j = 0; j < BM / 64; ++j) tma_load_3d(dst + j * 8192, map_a, m0 + 64 * j, kt * BK, ba, bar);
+            }
+            if (KB) {
+              tma_load_3d(dst + a_bytes, map_b, kt * BK, n0, bb, bar);
+            } else {
+#pragma unroll
+              for (int j = 0; j < BN / 64; ++j) tma_load_3d(dst + a_bytes + j * 8192, map_b, n0 + 64 * j, kt * BK, bb, bar);
+            }
+            if (has_source && kt == source_after) {
+              const int bs = source.batches == 1 ? 0 : bt;
+#pragma unroll
+              for (int w = 0; w < 2; ++w) {
+                if (n > 0) mbar_wait(src_empty + 8 * w, (n - 1) & 1);
+                const unsigned buf = tiles_smem + w * tile_bytes, sbar = src_full + 8 * w;
+                mbar_expect_tx(sbar, tile_bytes);
+                tma_load_3d(buf, map_s, n0, m0 + 128 * w, bs, sbar);
+                tma_load_3d(buf + tile_bytes / 2, map_s, n0 + 64, m0 + 128 * w, bs, sbar);
+              }
+            }
+          }
+        }
+      }
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+      consume(t, base, tiles_smem + (warp >> 2) * tile_bytes, full, empty, src_full + 8 * (warp >> 2),
+              src_empty + 8 * (warp >> 2), has_source, map_c, tiles, per_batch, tiles_m, tiles_n, k_tiles, epilogue);
+    }
+    __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
+    if (t == 256) {
+#pragma unroll
+      for (int s = 0; s < Stages; ++s) {
+        mbar_inval(full + 8 * s);
+        mbar_inval(empty + 8 * s);
+      }
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        mbar_inval(src_full + 8 * w);
+        mbar_inval(src_empty + 8 * w);
+      }
+      release_slot(sm, slots & 0xff);
+      release_slot(sm, slots >> 8);
+    }
+  }
+
+ private:
+  // A map's batch stride in bytes: a broadcast operand's (one batch) is never used, but TMA wants
+  // a valid one (its matrix's extent).
+  __device__ static unsigned long long batch_bytes(const operand& o, int rows) {
+    return o.batches > 1 ? (unsigned long long)o.batch_stride * 2 : (unsigned long long)o.row_stride * 2 * rows;
+  }
+
+  // Tile `tile`'s batch and corner: bands of Band tile rows, walked down their columns, so that
+  // the SMs' tiles in flight share rows of A and columns of B in L2.
+  __device__ static void where(int tile, int per_batch, int tiles_m, int tiles_n, int& bt, int& m0, int& n0) {
+    bt = tile / per_batch;
+    const int id = tile - bt * per_batch, first = id / (Band * tiles_n) * Band;
+    const int rows = min(Band, tiles_m - first), in_band = id - first * tiles_n;
+    m0 = (first + in_band % rows) * BM;
+    n0 = (in_band / rows) * BN;
+  }
+
+  template <class Epilogue>
+  __device__ static void consume(int t, unsigned base, unsigned buf, unsigned full, unsigned empty, unsigned src_full,
+                                 unsigned src_empty, bool has_source, const void* map_c, int tiles, int per_batch,
+                                 int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
+    using namespace detail;
+    using A16 = stager<T, BM, KA, consumer_threads>;
+    using B16 = stager<T, BN, KB, consumer_threads>;
+    constexpr int n_acc = 128;  // 128 rows x 128 columns a warpgroup
+    const int wg = t >> 7, tw = t & 127, barrier = 1 + wg;
+    if (tw == 0) acquire_map(map_c);
+    float acc[n_acc];
+    int it = 0, n = 0;
+    for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
+      int bt, m0, n0;
+      where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
+#pragma unroll 1
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % Stages;
+        mbar_wait(full + 8 * s, (it / Stages) & 1);
+        const unsigned a_tile = base + s * stage_bytes, b_tile = a_tile + a_bytes;
+#pragma unroll
+        for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const unsigned long long db = B16::desc(b_tile, 0, kk);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi)
+            mma<BN, E, E, KA ? 0 : 1, KB ? 0 : 1>(acc + mi * 64, A16::desc(a_tile, 2 * wg + mi, kk), db,
+                                                   kt > 0 || kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
+        wgmma_wait<1>();  // the previous stage's MMAs are done: release it
+        if (kt > 0 && (t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
+        if (kt == min(1, k_tiles - 1) && n > 0 && has_source && tw == 0) {
+          bulk_wait_read();  // the previous tile's stores have read the buffer (a step to do so)
+          mbar_arrive(src_empty);
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
+      if ((t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
+
+      // Epilogue: each pair in place in the buffer (over the source's, if any), then two stores.
+      if (has_source) {
+        mbar_wait(src_full, n & 1);
+      } else {
+        if (tw == 0) bulk_wait_read();  // the previous tile's stores have read the buffer
+        named_barrier(barrier, 128);
+      }
+      const int w = tw >> 5, l = tw & 31;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int j = 0; j < 64; j += 2) {
+          const int i = mi * 64 + j;
+          const int row = mi * 64 + w * 16 + (l >> 2) + 8 * ((j >> 1) & 1), col = (j >> 2) * 8 + (l & 3) * 2;
+          const int cb = (col & 63) * 2;  // byte in its half's 128-byte row
+          const unsigned at = buf + (col >> 6) * (tile_bytes / 2) + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15);
+          float s0 = 0.0f, s1 = 0.0f;
+          if (has_source) unpack(ld_shared_u32(at), s0, s1);
+          float v0 = acc[i], v1 = acc[i + 1];
+          epilogue(v0, v1, s0, s1, bt, m0 + wg * 128 + row, n0 + col);
+          st_shared(at, pack(v0, v1));
+        }
+      fence_proxy_async();
+      named_barrier(barrier, 128);
+      if (tw == 0) {
+        tma_store_3d(map_c, buf, n0, m0 + wg * 128, bt);
+        tma_store_3d(map_c, buf + tile_bytes / 2, n0 + 64, m0 + wg * 128, bt);
+        bulk_commit();
+      }
+    }
+    if (tw == 0) bulk_wait();
+  }
+
+  __device__ static unsigned ld_shared_u32(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+  }
+  __device__ static unsigned pack(float x, float y) {
+    if constexpr (E == F16) {
+      const __half2 v = __floats2half2_rn(x, y);
+      return *reinterpret_cast<const unsigned*>(&v);
+    } else {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+      return *reinterpret_cast<const unsigned*>(&v);
+    }
+  }
+  __device__ static void unpack(unsigned u, float& x, float& y) {
+    if constexpr (E == F16) {
+      const __half2 v = *reinterpret_cast<const __half2*>(&u);
+      x = __low2float(v), y = __high2float(v);
+    } else {
+      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&u);
+      x = __low2float(v), y = __high2float(v);
+    }
+  }
+};
+
+}  // namespace kk::tops::sm90
+#endif  // KK_TARGET_CUDA
