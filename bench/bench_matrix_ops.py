@@ -55,7 +55,7 @@ def fused_case(batch: int, n: int, dtype, iters: int, rounds: int) -> list[dict]
     # the persistent kernel's SASS (these operands are row-major: lhs K-major, rhs N-major)
     views = [t.view(-1, *t.shape[-2:]) for t in (lhs, rhs, bias)]
     sass = kernel_sass(mar._persistent_kernel, inputs=views, output_dtypes=[dtype], output_shapes=[views[2].shape],
-                       template=[("T", dtype), ("KA", 1), ("KB", 0), ("BIAS_TILES", 1), ("RELU", 1)],
+                       template=[("T", dtype), ("KA", 1), ("KB", 0), ("BIAS", 1), ("RELU", 1)],
                        grid=(mar._PERSISTENT_THREADS, 1, 1), threadgroup=(mar._PERSISTENT_THREADS, 1, 1))
     flop = 2 * batch * n ** 3
     name = f"matmul_add_relu {str(dtype).split('.')[1]} {batch} x {n}^3"

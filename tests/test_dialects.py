@@ -1,6 +1,8 @@
 """MLX's own custom-kernel tests, in both dialects (metal_kernel, cuda_kernel), on every backend
 (issue 4). Each body is the one MLX's test suite uses for that dialect."""
 
+import struct
+
 import pytest
 import torch
 
@@ -225,6 +227,50 @@ def test_dynamic_shared_memory(device, nbytes):
         sel = idx[(t + 1) % threads::threads]
         ref[:, t] = len(sel) * x.double().cpu() + sel.sum()
     torch.testing.assert_close(out.double().cpu().view(groups, threads), ref, rtol=1e-4, atol=1e-2)
+
+
+def _cubin_info(cubin: bytes) -> dict:
+    """The kernel's .nv.info attributes of one value (EIATTR code -> bytes) from a cubin (ELF64)."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = sections[shstrndx][4]
+    info = {}
+    for name, _, _, _, off, size, *_ in sections:
+        if not cubin[names + name:cubin.index(b"\0", names + name)].startswith(b".nv.info."):
+            continue
+        end = off + size
+        while off < end:
+            fmt, attr = cubin[off], cubin[off + 1]
+            if fmt == 4:  # sized
+                n, = struct.unpack_from("<H", cubin, off + 2)
+                info[attr], off = cubin[off + 4:off + 4 + n], off + 4 + n
+            elif fmt == 3:  # a half word
+                info[attr], off = cubin[off + 2:off + 4], off + 4
+            else:
+                off += 2
+    return info
+
+
+def test_cuda_launch_bounds_from_the_header(device, nvrtc):
+    """A header's KK_MAX_THREADS_PER_THREADGROUP bounds the entry (__launch_bounds__): NVRTC
+    fits the registers to that many threads; the body runs as before on each backend."""
+    body = "const unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < x_shape[0]) y[i] = 2 * x[i];"
+    x = torch.randn(1000, device=device)
+    maxreg = {}
+    for bound in (None, 512):
+        header = "" if bound is None else f"#define KK_MAX_THREADS_PER_THREADGROUP {bound}\n"
+        k = kk.cuda_kernel(name=f"bounded_{bound}", input_names=["x"], output_names=["y"], source=body, header=header)
+        y = k(inputs=[x], grid=(1024, 1, 1), threadgroup=(256, 1, 1), output_shapes=[x.shape],
+              output_dtypes=[x.dtype])[0]
+        torch.testing.assert_close(y, 2 * x)
+        compiled = kk.compile_for(k, "sm_90", inputs=[x.to("meta")], output_shapes=[x.shape],
+                                  output_dtypes=[x.dtype], grid=(1024, 1, 1), threadgroup=(256, 1, 1))
+        info = _cubin_info(compiled.binary)
+        maxreg[bound] = struct.unpack("<H", info[0x1B][:2])[0]  # EIATTR_MAXREG_COUNT
+        if bound is not None:
+            assert struct.unpack("<3I", info[0x05]) == (bound, 1, 1)  # EIATTR_MAX_THREADS
+    assert maxreg == {None: 255, 512: 128}
 
 
 def test_cuda_blocks_are_whole_and_clamped_to_the_grid(device):

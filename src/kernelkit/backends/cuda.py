@@ -282,6 +282,11 @@ def _launch_failed(err: int, device: Device, name: str) -> None:
             "process is lost: every later CUDA call fails, in torch too; restart the process. "
             "To find the faulty access, run the kernel on the CPU backend with CPU tensors, or "
             "under `compute-sanitizer --tool memcheck`.")
+    if error in ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "CUDA_ERROR_INVALID_VALUE"):
+        raise KernelLaunchError(
+            f"cuLaunchKernel of kernel {name!r} failed: {error}: its threadgroup needs more than an "
+            "SM holds (registers a thread x threads, or shared memory), or is larger than the "
+            "kernel's KK_MAX_THREADS_PER_THREADGROUP.")
     _check((result,), f"cuLaunchKernel of kernel {name!r}")
 
 

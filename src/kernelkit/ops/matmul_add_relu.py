@@ -9,6 +9,8 @@ through its strides (no copies for broadcast or transposed operands).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from pathlib import Path
 
@@ -27,7 +29,7 @@ _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"
 
 # Hopper, 16-bit types: the layer's persistent GEMM (one threadgroup an SM, the next tile's loads
 # under this tile's epilogue), where its TMA copies can read the operands.
-_PERSISTENT_THREADS, _PERSISTENT_SMEM = 384, 3 * 384 * 128 + 2 * 128 * 256 + 2048
+_PERSISTENT_THREADS, _PERSISTENT_SMEM = 384, 4 * 384 * 128 + 2 * 128 * 128 + 2048
 _persistent_kernel = cuda_kernel(name="matmul_add_relu_sm90", input_names=["lhs", "rhs", "bias"], output_names=["out"],
                                  source=Path(__file__).with_name("matmul_add_relu_sm90.cu").read_text(),
                                  header="#define KK_MAX_THREADS_PER_THREADGROUP 384\n#include <kernelkit/tensor_ops.h>\n", ensure_row_contiguous=False,
@@ -44,6 +46,13 @@ def _tile(dtype: torch.dtype, device: torch.device, relaxed: bool) -> tuple[int,
     wide = device.type == "cuda" and (dtype in (torch.float16, torch.bfloat16) or
                                       (dtype == torch.float32 and relaxed))
     return _WIDE if wide else _NARROW
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90_sms(dev: torch.device) -> int | None:
+    """The SMs of a Hopper (sm_90) GPU, None for another GPU."""
+    p = torch.cuda.get_device_properties(dev)
+    return p.multi_processor_count if (p.major, p.minor) == (9, 0) else None
 
 
 def _as3d(t: torch.Tensor) -> torch.Tensor | None:
@@ -67,36 +76,54 @@ def _tma_operand(t: torch.Tensor) -> int | None:
         return None
     if (row * 2) % 16 or row <= 0 or (s[0] * 2) % 16:
         return None
+    return major if _aligned(t, 16) else None
+
+
+def _aligned(t: torch.Tensor, size: int) -> bool:
     try:
-        aligned = t.data_ptr() % 16 == 0
+        return t.data_ptr() % size == 0
     except RuntimeError:  # no data (torch.compile's fake tensors): what the real call sees decides
-        aligned = True
-    return major if aligned else None
+        return True
 
 
 def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     """The fused op by the persistent Hopper GEMM, or None where it does not apply."""
     dev = lhs.device
-    if dev.type != "cuda" or lhs.dtype not in (torch.float16, torch.bfloat16) or \
-            torch.cuda.get_device_capability(dev) != (9, 0):
+    if dev.type != "cuda" or lhs.dtype not in (torch.float16, torch.bfloat16) or _sm90_sms(dev) is None:
         return None
     M, K = lhs.shape[-2:]
     N = rhs.shape[-1]
     batch = out_shape[:-2]
     a, b = _as3d(lhs.expand(*batch, M, K)), _as3d(rhs.expand(*batch, K, N))
-    c = _as3d(bias.expand(out_shape))
+    c = lhs.new_zeros(1, 1, 1) if bias is None else _as3d(bias.expand(out_shape))
     if a is None or b is None or c is None or N % 8 or max(M, N, K, a.shape[0]) >= 2**31:
         return None
     ka, kb = _tma_operand(a), _tma_operand(b.transpose(1, 2))
     if ka is None or kb is None:
         return None
-    bias_tiles = _tma_operand(c) == 1  # else loaded pair by pair in the epilogue (a broadcast row)
+    # the bias: none, pairs the layer loads under the main loop, or elements the epilogue loads
+    pairs = c.stride(2) == 1 and c.stride(0) % 2 == 0 and c.stride(1) % 2 == 0 and _aligned(c, 4)
+    mode = 0 if bias is None else 1 if pairs else 2
     tiles = a.shape[0] * -(-M // 256) * -(-N // 128)
-    ctas = min(tiles, torch.cuda.get_device_properties(dev).multi_processor_count)
-    return _persistent_kernel(inputs=[a, b, c], template=[("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS_TILES", int(bias_tiles)),
+    ctas = min(tiles, _sm90_sms(dev))
+    return _persistent_kernel(inputs=[a, b, c], template=[("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS", mode),
                                         ("RELU", int(relu))],
                               output_shapes=[out_shape], output_dtypes=[lhs.dtype],
                               grid=(ctas * _PERSISTENT_THREADS, 1, 1), threadgroup=(_PERSISTENT_THREADS, 1, 1))[0]
+
+
+def _broadcast(*shapes) -> tuple:
+    """torch.broadcast_shapes, without its cost (~25 us a call: symbolic-shape checks) where the
+    sizes are plain ints."""
+    if any(type(d) is not int for s in shapes for d in s):
+        return tuple(torch.broadcast_shapes(*shapes))
+    out = []
+    for dims in itertools.zip_longest(*(reversed(s) for s in shapes), fillvalue=1):
+        sizes = set(dims) - {1}
+        if len(sizes) > 1:
+            raise RuntimeError(f"shapes {shapes} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(reversed(out))
 
 
 def _output_shape(lhs, rhs, bias) -> tuple[int, ...]:
@@ -106,12 +133,12 @@ def _output_shape(lhs, rhs, bias) -> tuple[int, ...]:
     pre.tensor("rhs", rhs, dtype="lhs", shape=(..., "K", "N"))
     pre.tensor("bias", bias, dtype="lhs")
     try:
-        batch = torch.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2])
+        batch = _broadcast(lhs.shape[:-2], rhs.shape[:-2])
     except RuntimeError:
         pre.fail(f"the batch dims of lhs {tuple(lhs.shape)} and rhs {tuple(rhs.shape)} do not broadcast.")
     out_shape = (*batch, pre["M"], pre["N"])
     try:
-        ok = torch.broadcast_shapes(out_shape, bias.shape) == out_shape
+        ok = _broadcast(out_shape, bias.shape) == out_shape
     except RuntimeError:
         ok = False
     if not ok:
@@ -120,11 +147,16 @@ def _output_shape(lhs, rhs, bias) -> tuple[int, ...]:
 
 
 def _fused(lhs, rhs, bias, out_shape, relu: bool, relaxed: bool) -> torch.Tensor:
-    """(relu)(lhs @ rhs + bias) for checked operands, by the kernel."""
+    """(relu)(lhs @ rhs + bias) for checked operands (bias None: no bias), by the kernel."""
     M, K = lhs.shape[-2:]
     N = rhs.shape[-1]
     if math.prod(out_shape) == 0:
         return lhs.new_empty(out_shape)
+    if bias is None:  # a plain product (the backward's)
+        fast = _persistent(lhs, rhs, None, out_shape, relu)
+        if fast is not None:
+            return fast
+        bias = lhs.new_zeros(())
     if K == 0:  # an empty sum: nothing to multiply
         b = bias.expand(out_shape)
         return (torch.relu(b) if relu else b).contiguous()
@@ -157,8 +189,7 @@ def matmul_add_relu_forward(lhs, rhs, bias, relaxed_precision: bool = False) -> 
 def _matmul(a, b, relaxed: bool) -> torch.Tensor:
     """a @ b (batch dims broadcast) on the forward's tiles, no epilogue."""
     shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    zero = torch.zeros((), dtype=a.dtype, device=a.device)
-    return _fused(a, b, zero, shape, False, relaxed)
+    return _fused(a, b, None, shape, False, relaxed)
 
 
 def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:

@@ -8,8 +8,8 @@
 // main loop at K = 2048 (bench/notes/sm90_wgmma.md). Here a producer warpgroup streams every
 // tile's stages through one pipeline while the consumers compute: the next tile's loads run
 // under this tile's epilogue, the maps are made once a threadgroup, the epilogue's source (a
-// bias) arrives under the main loop, and the output leaves by TMA stores the consumers do not
-// wait for.
+// bias) arrives under the main loop's last steps, and the output leaves by TMA stores the
+// consumers do not wait for.
 //
 // The contract:
 //
@@ -32,7 +32,8 @@
 //   == 1 serves every batch (a broadcast). TMA's limits: bases 16-byte aligned, strides in
 //   bytes multiples of 16 (and nonzero), extents below 2^31: the caller checks them.
 // - source (p may be null: none): an M x N matrix of T a batch, (row, col) at
-//   row * row_stride + col, under the same limits, read tile by tile for the epilogue.
+//   row * row_stride + col (row_stride may be 0: one row for all), read a pair (4 bytes) at a
+//   time: p 4-byte aligned, the strides even.
 // - epilogue(v0, v1, s0, s1, batch, row, col) maps the sums of (row, col) and (row, col + 1) in
 //   place, s0 and s1 the source's elements there (0 without a source); it runs once per pair,
 //   every pair of the tile (rows >= M or cols >= N included: they are not stored).
@@ -42,15 +43,17 @@
 //   thread, then the producer warpgroup gives its registers to the consumers (setmaxnreg: 40
 //   and 232, as CUTLASS's warp-specialised kernels).
 //
-// Pipeline: 3 stages of A (256 x 128 bytes of K) and B (128 x 128 bytes), full and empty
+// Pipeline: 4 stages of A (256 x 128 bytes of K) and B (128 x 128 bytes), full and empty
 // mbarriers; the producer's first thread issues each stage's copies once its stage is released.
 // Each consumer warpgroup computes 128 rows of the tile (wgmma m64n128k16, two 64-row blocks),
-// one MMA group in flight, then maps its 128 x 128 through its 32 KB tile buffer (two halves of
-// 64 columns, 128-byte swizzle): the producer loads the source's tile there by TMA once the
-// tile's first stages are issued and the previous tile's stores have read the buffer (the
-// consumers say so at their next tile's second step), each thread maps its pairs in place, and
-// two TMA stores take the tile out. Four stages would leave no room for the buffers, and a
-// source read in the epilogue cost ~17 us a tile (measured, bench/notes/sm90_wgmma.md).
+// one MMA group in flight; at the tile's start its threads prefetch the source's tile into L2
+// (a row each), and after the main loop each thread loads its 64 pairs of it at once. Then
+// the warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its 16 KB buffer
+// (128-byte swizzle), a TMA store each. Measured against the alternatives
+// (bench/notes/sm90_wgmma.md): the source read from DRAM in the epilogue cost ~17 us a tile;
+// staged by TMA into 32 KB tile buffers it cost a stage (3 instead of 4: -5% at 8192^3);
+// prefetched four K steps before the end it came late (-7% at 8 x 2048^3); loaded into registers
+// under the last MMAs it spilled (64 more registers beside the 128 accumulators in flight).
 #pragma once
 
 #if defined(KK_TARGET_CUDA)
@@ -60,14 +63,14 @@ namespace kk::tops::sm90 {
 
 template <class T, bool KA, bool KB, int Band = 16>
 struct persistent_gemm {
-  static constexpr int BM = 256, BN = 128, Stages = 3, threads = 384, consumer_threads = 256;
+  static constexpr int BM = 256, BN = 128, Stages = 4, threads = 384, consumer_threads = 256;
   static constexpr int E = wgmma_type<T>::id;
   static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16);
   static constexpr int BK = 64;                                // K elements a stage
   static constexpr int a_bytes = BM * 128, b_bytes = BN * 128, stage_bytes = a_bytes + b_bytes;
-  static constexpr int tile_bytes = 128 * 128 * 2;             // a warpgroup's 128 x 128 outputs
-  // stages, two tile buffers, barriers and four maps (1024); + 1024 to align the stages
-  static constexpr int smem_bytes = Stages * stage_bytes + 2 * tile_bytes + 1024 + 1024;
+  static constexpr int half_bytes = 128 * 128;                 // a warpgroup's 128 x 64 outputs
+  // stages, two output buffers, barriers and three maps (1024); + 1024 to align the stages
+  static constexpr int smem_bytes = Stages * stage_bytes + 2 * half_bytes + 1024 + 1024;
 
   struct operand {
     const void* p;
@@ -85,17 +88,15 @@ struct persistent_gemm {
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
     if (dynamic < unsigned(smem_bytes) || blockDim.x * blockDim.y * blockDim.z != unsigned(threads)) __trap();
     const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + 1023) & ~1023u;
-    const unsigned tiles_smem = base + Stages * stage_bytes, extra = tiles_smem + 2 * tile_bytes;
-    // full[Stages], empty[Stages], src_full[2], src_empty[2], the slots word; maps from + 256
-    const unsigned full = extra, empty = extra + 8 * Stages, src_full = extra + 16 * Stages,
-                   src_empty = src_full + 16, slot_word = src_empty + 16, maps = extra + 256;
-    const bool has_source = source.p != nullptr;
+    const unsigned outs = base + Stages * stage_bytes, extra = outs + 2 * half_bytes;
+    // full[Stages], empty[Stages], the slots word; maps from + 128
+    const unsigned full = extra, empty = extra + 8 * Stages, slot_word = extra + 16 * Stages, maps = extra + 128;
     const int t = int(threadIdx.x), warp = t >> 5;
     unsigned sm;
     asm("mov.u32 %0, %%smid;" : "=r"(sm));
     if (sm >= unsigned(max_sms)) __trap();
 
-    // The producer's first warp claims two slots of global map memory (A, B; C, source), makes
+    // The producer's first warp claims two slots of global map memory (A, B; C), makes
     // the maps in shared memory and publishes them; its lane 0 sets up the barriers.
     int slots = 0;
     if (warp == 8) {
@@ -105,7 +106,7 @@ struct persistent_gemm {
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot_word), "r"(slots) : "memory");
       }
 #pragma unroll
-      for (int m = 0; m < 4; ++m) st_shared(maps + 128 * m + 4 * l, 0u);
+      for (int m = 0; m < 3; ++m) st_shared(maps + 128 * m + 4 * l, 0u);
       __syncwarp();
       if (l == 0) {
         constexpr int et = 1;  // 2-byte elements
@@ -114,24 +115,17 @@ struct persistent_gemm {
         if (KB) make_map<et>(maps + 128, b.p, K, N, b.row_stride * 2, BK, BN, b.batches, batch_bytes(b, N));
         else make_map<et>(maps + 128, b.p, N, K, b.row_stride * 2, 64, BK, b.batches, batch_bytes(b, K));
         make_map<et>(maps + 256, c, N, M, (unsigned long long)N * 2, 64, 128, batches, (unsigned long long)M * N * 2);
-        if (has_source)
-          make_map<et>(maps + 384, source.p, N, M, source.row_stride * 2, 64, 128, source.batches, batch_bytes(source, M));
 #pragma unroll
         for (int s = 0; s < Stages; ++s) {
           mbar_init(full + 8 * s, 1);
           mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
-        }
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          mbar_init(src_full + 8 * w, 1);
-          mbar_init(src_empty + 8 * w, 1);  // the warpgroup's first thread
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       }
       __syncwarp();
       asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
 #pragma unroll
-      for (int m = 0; m < 4; ++m) publish_map(tensor_maps[sm * slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1], maps + 128 * m);
+      for (int m = 0; m < 3; ++m) publish_map(tensor_maps[sm * slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1], maps + 128 * m);
     }
     __syncthreads();
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
@@ -145,19 +139,13 @@ struct persistent_gemm {
       if (t == 256) {
         const void* map_a = tensor_maps[sm * slots_per_sm + (slots & 0xff)][0];
         const void* map_b = tensor_maps[sm * slots_per_sm + (slots & 0xff)][1];
-        const void* map_s = tensor_maps[sm * slots_per_sm + (slots >> 8)][1];
         acquire_map(map_a);
         acquire_map(map_b);
-        if (has_source) acquire_map(map_s);
-        int it = 0, n = 0;
-        for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
+        int it = 0;
+        for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x)) {
           int bt, m0, n0;
           where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
           const int ba = a.batches == 1 ? 0 : bt, bb = b.batches == 1 ? 0 : bt;
-          // The source's tile goes after this K step's stage, by when the consumers have said (at
-          // their second step) that the previous tile's stores have read the buffers: the
-          // producer does not wait there while stages are free.
-          const int source_after = min(Stages + 1, k_tiles - 1);
           for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % Stages, use = it / Stages;
             if (use > 0) mbar_wait(empty + 8 * s, (use & 1) ^ 1);
@@ -175,24 +163,13 @@ struct persistent_gemm {
 #pragma unroll
               for (int j = 0; j < BN / 64; ++j) tma_load_3d(dst + a_bytes + j * 8192, map_b, n0 + 64 * j, kt * BK, bb, bar);
             }
-            if (has_source && kt == source_after) {
-              const int bs = source.batches == 1 ? 0 : bt;
-#pragma unroll
-              for (int w = 0; w < 2; ++w) {
-                if (n > 0) mbar_wait(src_empty + 8 * w, (n - 1) & 1);
-                const unsigned buf = tiles_smem + w * tile_bytes, sbar = src_full + 8 * w;
-                mbar_expect_tx(sbar, tile_bytes);
-                tma_load_3d(buf, map_s, n0, m0 + 128 * w, bs, sbar);
-                tma_load_3d(buf + tile_bytes / 2, map_s, n0 + 64, m0 + 128 * w, bs, sbar);
-              }
-            }
           }
         }
       }
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-      consume(t, base, tiles_smem + (warp >> 2) * tile_bytes, full, empty, src_full + 8 * (warp >> 2),
-              src_empty + 8 * (warp >> 2), has_source, map_c, tiles, per_batch, tiles_m, tiles_n, k_tiles, epilogue);
+      consume(t, base, outs + (warp >> 2) * half_bytes, full, empty, source, map_c, batches, M, N, tiles, per_batch,
+              tiles_m, tiles_n, k_tiles, epilogue);
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
     if (t == 256) {
@@ -200,11 +177,6 @@ struct persistent_gemm {
       for (int s = 0; s < Stages; ++s) {
         mbar_inval(full + 8 * s);
         mbar_inval(empty + 8 * s);
-      }
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        mbar_inval(src_full + 8 * w);
-        mbar_inval(src_empty + 8 * w);
       }
       release_slot(sm, slots & 0xff);
       release_slot(sm, slots >> 8);
@@ -229,20 +201,32 @@ struct persistent_gemm {
   }
 
   template <class Epilogue>
-  __device__ static void consume(int t, unsigned base, unsigned buf, unsigned full, unsigned empty, unsigned src_full,
-                                 unsigned src_empty, bool has_source, const void* map_c, int tiles, int per_batch,
-                                 int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
+  __device__ static void consume(int t, unsigned base, unsigned out, unsigned full, unsigned empty,
+                                 const operand& source, const void* map_c, int batches, int M, int N, int tiles,
+                                 int per_batch, int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
     using namespace detail;
     using A16 = stager<T, BM, KA, consumer_threads>;
     using B16 = stager<T, BN, KB, consumer_threads>;
     constexpr int n_acc = 128;  // 128 rows x 128 columns a warpgroup
-    const int wg = t >> 7, tw = t & 127, barrier = 1 + wg;
+    const int wg = t >> 7, tw = t & 127, w = tw >> 5, l = tw & 31, barrier = 1 + wg;
+    // This thread's pair p = (mi, j / 2) is (row0 + row_of(p), col_of(p)) of the tile
+    const auto row_of = [&](int mi, int j) { return mi * 64 + w * 16 + (l >> 2) + 8 * ((j >> 1) & 1); };
+    const auto col_of = [&](int j) { return (j >> 2) * 8 + (l & 3) * 2; };
     if (tw == 0) acquire_map(map_c);
     float acc[n_acc];
-    int it = 0, n = 0;
-    for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
+    unsigned src[n_acc / 2];
+    int it = 0;
+    for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x)) {
       int bt, m0, n0;
       where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
+      const int row0 = m0 + wg * 128;
+      if (source.p != nullptr && row0 + tw < M) {
+        // the source's rows of this warpgroup into L2 (a row of the tile a thread), read after the
+        // main loop
+        const T* r = source_row(source, bt, row0 + tw) + n0;
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(r));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(r + 64));
+      }
 #pragma unroll 1
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % Stages;
@@ -264,54 +248,68 @@ struct persistent_gemm {
         for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
         wgmma_wait<1>();  // the previous stage's MMAs are done: release it
         if (kt > 0 && (t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
-        if (kt == min(1, k_tiles - 1) && n > 0 && has_source && tw == 0) {
-          bulk_wait_read();  // the previous tile's stores have read the buffer (a step to do so)
-          mbar_arrive(src_empty);
-        }
       }
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
       if ((t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
-
-      // Epilogue: each pair in place in the buffer (over the source's, if any), then two stores.
-      if (has_source) {
-        mbar_wait(src_full, n & 1);
-      } else {
-        if (tw == 0) bulk_wait_read();  // the previous tile's stores have read the buffer
-        named_barrier(barrier, 128);
-      }
-      const int w = tw >> 5, l = tw & 31;
+      if (source.p != nullptr) {
+        // This thread's pairs of the source, all loads in flight together: its four rows' pointers,
+        // then constant offsets (a pair's columns are inside N when its 8-column block is: N % 8 == 0).
+        const T* rp[4];
+        bool rv[4];
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int j = 0; j < 64; j += 2) {
-          const int i = mi * 64 + j;
-          const int row = mi * 64 + w * 16 + (l >> 2) + 8 * ((j >> 1) & 1), col = (j >> 2) * 8 + (l & 3) * 2;
-          const int cb = (col & 63) * 2;  // byte in its half's 128-byte row
-          const unsigned at = buf + (col >> 6) * (tile_bytes / 2) + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15);
-          float s0 = 0.0f, s1 = 0.0f;
-          if (has_source) unpack(ld_shared_u32(at), s0, s1);
-          float v0 = acc[i], v1 = acc[i + 1];
-          epilogue(v0, v1, s0, s1, bt, m0 + wg * 128 + row, n0 + col);
-          st_shared(at, pack(v0, v1));
+        for (int r = 0; r < 4; ++r) {
+          const int row = row0 + row_of(r >> 1, (r & 1) * 2);
+          rv[r] = row < M;
+          rp[r] = source_row(source, bt, rv[r] ? row : 0) + n0 + col_of(0);
         }
-      fence_proxy_async();
-      named_barrier(barrier, 128);
-      if (tw == 0) {
-        tma_store_3d(map_c, buf, n0, m0 + wg * 128, bt);
-        tma_store_3d(map_c, buf + tile_bytes / 2, n0 + 64, m0 + wg * 128, bt);
-        bulk_commit();
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int j = 0; j < 64; j += 2) {
+            const int r = mi * 2 + ((j >> 1) & 1);
+            src[mi * 32 + j / 2] = rv[r] && n0 + (j >> 2) * 8 < N ? ldg_u32(rp[r] + (j >> 2) * 8) : 0u;
+          }
+      }
+
+      // Epilogue: two halves of 64 columns through this warpgroup's buffer, a TMA store each.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (tw == 0) bulk_wait_read();  // the previous store has read the buffer
+        named_barrier(barrier, 128);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int j = 32 * h; j < 32 * h + 32; j += 2) {
+            const int i = mi * 64 + j, row = row_of(mi, j), col = col_of(j);
+            float s0 = 0.0f, s1 = 0.0f;
+            if (source.p != nullptr) unpack(src[i / 2], s0, s1);
+            float v0 = acc[i], v1 = acc[i + 1];
+            epilogue(v0, v1, s0, s1, bt, row0 + row, n0 + col);
+            const int cb = (col - 64 * h) * 2;  // byte in the buffer's 128-byte row
+            st_shared(out + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15), pack(v0, v1));
+          }
+        fence_proxy_async();
+        named_barrier(barrier, 128);
+        if (tw == 0) {
+          tma_store_3d(map_c, out, n0 + 64 * h, row0, bt);
+          bulk_commit();
+        }
       }
     }
     if (tw == 0) bulk_wait();
   }
 
-  __device__ static unsigned ld_shared_u32(unsigned addr) {
+  __device__ static const T* source_row(const operand& o, int batch, int row) {
+    return static_cast<const T*>(o.p) + (o.batches == 1 ? 0 : long(batch) * o.batch_stride) + long(row) * o.row_stride;
+  }
+  __device__ static unsigned ldg_u32(const T* p) {
     unsigned v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
     return v;
   }
+
   __device__ static unsigned pack(float x, float y) {
     if constexpr (E == F16) {
       const __half2 v = __floats2half2_rn(x, y);
