@@ -47,7 +47,7 @@
 // mbarriers; the producer's first thread issues each stage's copies once its stage is released.
 // Each consumer warpgroup computes 128 rows of the tile (wgmma m64n128k16, two 64-row blocks),
 // one MMA group in flight; at the tile's start its threads prefetch the source's tile into L2
-// (a row each), and after the main loop each thread loads its 64 pairs of it at once. Then
+// (a row each), and under the last MMAs each thread loads its 64 pairs of it at once. Then
 // the warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its 16 KB buffer
 // (128-byte swizzle), a TMA store each. Measured against the alternatives
 // (bench/notes/sm90_wgmma.md): the source read from DRAM in the epilogue cost ~17 us a tile;
@@ -249,13 +249,10 @@ struct persistent_gemm {
         wgmma_wait<1>();  // the previous stage's MMAs are done: release it
         if (kt > 0 && (t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
       }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
-      if ((t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
       if (source.p != nullptr) {
-        // This thread's pairs of the source, all loads in flight together: its four rows' pointers,
-        // then constant offsets (a pair's columns are inside N when its 8-column block is: N % 8 == 0).
+        // This thread's pairs of the source, all loads in flight together under the last MMAs: its
+        // four rows' pointers, then constant offsets (a pair's columns are inside N when its
+        // 8-column block is: N % 8 == 0).
         const T* rp[4];
         bool rv[4];
 #pragma unroll
@@ -273,6 +270,10 @@ struct persistent_gemm {
           }
       }
 
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
+      if ((t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
       // Epilogue: two halves of 64 columns through this warpgroup's buffer, a TMA store each.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
