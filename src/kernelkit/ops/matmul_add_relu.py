@@ -95,16 +95,18 @@ def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     N = rhs.shape[-1]
     batch = out_shape[:-2]
     a, b = _as3d(lhs.expand(*batch, M, K)), _as3d(rhs.expand(*batch, K, N))
-    c = lhs.new_zeros(1, 1, 1) if bias is None else _as3d(bias.expand(out_shape))
+    c = a if bias is None else _as3d(bias.expand(out_shape))  # (no bias: never read)
     if a is None or b is None or c is None or N % 8 or max(M, N, K, a.shape[0]) >= 2**31:
         return None
     ka, kb = _tma_operand(a), _tma_operand(b.transpose(1, 2))
     if ka is None or kb is None:
         return None
-    # the bias: none, pairs the layer loads under the main loop, or elements the epilogue loads
+    # the bias: none, pairs the layer loads under the last MMAs, or elements the epilogue loads
     pairs = c.stride(2) == 1 and c.stride(0) % 2 == 0 and c.stride(1) % 2 == 0 and _aligned(c, 4)
     mode = 0 if bias is None else 1 if pairs else 2
     tiles = a.shape[0] * -(-M // 256) * -(-N // 128)
+    if tiles >= 2**31:  # the kernel counts tiles in 32-bit ints
+        return None
     ctas = min(tiles, _sm90_sms(dev))
     return _persistent_kernel(inputs=[a, b, c], template=[("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS", mode),
                                         ("RELU", int(relu))],
