@@ -29,11 +29,13 @@ _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"
 
 # Hopper, 16-bit types: the layer's persistent GEMM (one threadgroup an SM, the next tile's loads
 # under this tile's epilogue), where its TMA copies can read the operands.
+# persistent_gemm's threads and smem_bytes (the kernel traps on less shared memory)
 _PERSISTENT_THREADS, _PERSISTENT_SMEM = 384, 4 * 384 * 128 + 2 * 128 * 128 + 2048
-_persistent_kernel = cuda_kernel(name="matmul_add_relu_sm90", input_names=["lhs", "rhs", "bias"], output_names=["out"],
-                                 source=Path(__file__).with_name("matmul_add_relu_sm90.cu").read_text(),
-                                 header="#define KK_MAX_THREADS_PER_THREADGROUP 384\n#include <kernelkit/tensor_ops.h>\n", ensure_row_contiguous=False,
-                                 shared_memory=_PERSISTENT_SMEM)
+_persistent_kernel = cuda_kernel(
+    name="matmul_add_relu_sm90", input_names=["lhs", "rhs", "bias"], output_names=["out"],
+    source=Path(__file__).with_name("matmul_add_relu_sm90.cu").read_text(),
+    header=f"#define KK_MAX_THREADS_PER_THREADGROUP {_PERSISTENT_THREADS}\n#include <kernelkit/tensor_ops.h>\n",
+    ensure_row_contiguous=False, shared_memory=_PERSISTENT_SMEM)
 
 # (TILEM, TILEN, SG): on NVIDIA, 16-bit types take the warpgroup path with two warpgroups sharing
 # a 256 x 128 tile (the talk matmul's fastest, bench/bench_talk_matmul.py); float (exact: mma.sync
@@ -108,10 +110,10 @@ def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     if tiles >= 2**31:  # the kernel counts tiles in 32-bit ints
         return None
     ctas = min(tiles, _sm90_sms(dev))
-    return _persistent_kernel(inputs=[a, b, c], template=[("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS", mode),
-                                        ("RELU", int(relu))],
-                              output_shapes=[out_shape], output_dtypes=[lhs.dtype],
-                              grid=(ctas * _PERSISTENT_THREADS, 1, 1), threadgroup=(_PERSISTENT_THREADS, 1, 1))[0]
+    template = [("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS", mode), ("RELU", int(relu))]
+    return _persistent_kernel(inputs=[a, b, c], template=template, output_shapes=[out_shape],
+                              output_dtypes=[lhs.dtype], grid=(ctas * _PERSISTENT_THREADS, 1, 1),
+                              threadgroup=(_PERSISTENT_THREADS, 1, 1))[0]
 
 
 def _broadcast(*shapes) -> tuple:
@@ -154,17 +156,14 @@ def _fused(lhs, rhs, bias, out_shape, relu: bool, relaxed: bool) -> torch.Tensor
     N = rhs.shape[-1]
     if math.prod(out_shape) == 0:
         return lhs.new_empty(out_shape)
-    if bias is None:  # a plain product (the backward's)
-        fast = _persistent(lhs, rhs, None, out_shape, relu)
-        if fast is not None:
-            return fast
-        bias = lhs.new_zeros(())
     if K == 0:  # an empty sum: nothing to multiply
-        b = bias.expand(out_shape)
+        b = (lhs.new_zeros(()) if bias is None else bias).expand(out_shape)
         return (torch.relu(b) if relu else b).contiguous()
     fast = _persistent(lhs, rhs, bias, out_shape, relu)
     if fast is not None:
         return fast
+    if bias is None:  # a plain product (the backward's): the kernel adds a zero
+        bias = lhs.new_zeros(())
     batch = out_shape[:-2]
     tm, tn, sg = _tile(lhs.dtype, lhs.device, relaxed)
     groups = math.prod(batch) * -(-M // tm) * -(-N // tn)

@@ -30,7 +30,7 @@
 //   m * row_stride + k), else M-major ((m, k) at k * row_stride + m); KB: B is K-major ((k, n) at
 //   n * row_stride + k), else N-major ((k, n) at k * row_stride + n). An operand with batches
 //   == 1 serves every batch (a broadcast). TMA's limits: bases 16-byte aligned, strides in
-//   bytes multiples of 16 (and nonzero), extents below 2^31: the caller checks them.
+//   bytes multiples of 16 (and nonzero), extents below 2^31, K > 0: the caller checks them.
 // - source (p may be null: none): an M x N matrix of T a batch, (row, col) at
 //   row * row_stride + col (row_stride may be 0: one row for all), read a pair (4 bytes) at a
 //   time: p 4-byte aligned, the strides even.
@@ -51,9 +51,10 @@
 // the warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its 16 KB buffer
 // (128-byte swizzle), a TMA store each. Measured against the alternatives
 // (bench/notes/sm90_wgmma.md): the source read from DRAM in the epilogue cost ~17 us a tile;
-// staged by TMA into 32 KB tile buffers it cost a stage (3 instead of 4: -5% at 8192^3);
-// prefetched four K steps before the end it came late (-7% at 8 x 2048^3); loaded into registers
-// under the last MMAs it spilled (64 more registers beside the 128 accumulators in flight).
+// staged by TMA into 32 KB tile buffers it cost a stage (3 instead of 4: -6% at 8 x 2048^3 and
+// -10% at 8192^3 on the main loop alone); prefetched four K steps before the end it came late
+// (-7% at 8 x 2048^3); loaded into registers four K steps before the end, inside the loop, it
+// spilled (89 stores: the loop's state beside 128 accumulators and 64 pairs).
 #pragma once
 
 #if defined(KK_TARGET_CUDA)
@@ -125,7 +126,8 @@ struct persistent_gemm {
       __syncwarp();
       asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
 #pragma unroll
-      for (int m = 0; m < 3; ++m) publish_map(tensor_maps[sm * slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1], maps + 128 * m);
+      for (int m = 0; m < 3; ++m)
+        publish_map(tensor_maps[sm * slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1], maps + 128 * m);
     }
     __syncthreads();
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
@@ -161,7 +163,8 @@ struct persistent_gemm {
               tma_load_3d(dst + a_bytes, map_b, kt * BK, n0, bb, bar);
             } else {
 #pragma unroll
-              for (int j = 0; j < BN / 64; ++j) tma_load_3d(dst + a_bytes + j * 8192, map_b, n0 + 64 * j, kt * BK, bb, bar);
+              for (int j = 0; j < BN / 64; ++j)
+                tma_load_3d(dst + a_bytes + j * 8192, map_b, n0 + 64 * j, kt * BK, bb, bar);
             }
           }
         }
