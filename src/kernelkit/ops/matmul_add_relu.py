@@ -29,13 +29,13 @@ _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"
 
 # Hopper, 16-bit types: the layer's persistent GEMM (one threadgroup an SM, the next tile's loads
 # under this tile's epilogue), where its TMA copies can read the operands.
-# persistent_gemm's threads and smem_bytes (the kernel traps on less shared memory)
-_PERSISTENT_THREADS, _PERSISTENT_SMEM = 384, 4 * 384 * 128 + 2 * 128 * 128 + 2048
+# persistent_gemm's threads (its shared memory the launcher reads off the cubin)
+_PERSISTENT_THREADS = 384
 _persistent_kernel = cuda_kernel(
     name="matmul_add_relu_sm90", input_names=["lhs", "rhs", "bias"], output_names=["out"],
     source=Path(__file__).with_name("matmul_add_relu_sm90.cu").read_text(),
     header=f"#define KK_MAX_THREADS_PER_THREADGROUP {_PERSISTENT_THREADS}\n#include <kernelkit/tensor_ops.h>\n",
-    ensure_row_contiguous=False, shared_memory=_PERSISTENT_SMEM)
+    ensure_row_contiguous=False)
 
 # (TILEM, TILEN, SG): on NVIDIA, 16-bit types take the warpgroup path with two warpgroups sharing
 # a 256 x 128 tile (the talk matmul's fastest, bench/bench_talk_matmul.py); float (exact: mma.sync

@@ -17,7 +17,7 @@
 //   template <class T, bool KA, bool KB, int Band = 16>
 //   struct persistent_gemm {
 //     static constexpr int threads = 384;    // the threadgroup: 2 consumer warpgroups, a producer one
-//     static constexpr int smem_bytes;       // its dynamic shared memory (from byte 0)
+//     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
 //     struct operand { const void* p; long batch_stride, row_stride; int batches; };
 //     template <class Epilogue>
 //     __device__ static void run(const operand& a, const operand& b, const operand& source, T* c,
@@ -38,7 +38,9 @@
 //   place, s0 and s1 the source's elements there (0 without a source); it runs once per pair,
 //   every pair of the tile (rows >= M or cols >= N included: they are not stored).
 // - Every thread of the threadgroup calls run; launch as many threadgroups as there are SMs or
-//   tiles (the shared memory allows one an SM). The kernel's header defines
+//   tiles (the shared memory allows one an SM). The kernel has no dynamic shared memory of its
+//   own (no extern __shared__): run names smem_bytes in the cubin (kk_tops_dynamic_smem) and
+//   kernelkit's CUDA backend launches the kernel with it. The kernel's header defines
 //   KK_MAX_THREADS_PER_THREADGROUP as 384 (entry_bounds.h): the kernel starts at 168 registers a
 //   thread, then the producer warpgroup gives its registers to the consumers (setmaxnreg: 40
 //   and 232, as CUTLASS's warp-specialised kernels).
@@ -83,7 +85,12 @@ struct persistent_gemm {
   __device__ static void run(const operand& a, const operand& b, const operand& source, T* c, int batches, int M,
                              int N, int K, Epilogue&& epilogue) {
     static_assert(supported, "persistent_gemm: 16-bit types on sm_90a");
+#if defined(KK_TOPS_NO_WARPGROUP)
+    static_assert(!supported, "persistent_gemm stages through the kernel's dynamic shared memory: a body "
+                              "with its own extern __shared__ cannot use it");
+#endif
     using namespace detail;
+    asm volatile("" ::"l"(&kk_tops_dynamic_smem<smem_bytes>));  // the launcher reads it off the cubin
     extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
     unsigned dynamic;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));

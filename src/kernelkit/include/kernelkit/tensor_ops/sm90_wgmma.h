@@ -86,6 +86,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+// The dynamic shared memory a kernel's warpgroup runs (or persistent_gemm) need, as a symbol the
+// CUDA backend finds in the cubin (backends/cuda.py tensor_ops_shared): it launches the kernel
+// with that much, past its own.
+template <int Bytes> __device__ int kk_tops_dynamic_smem = Bytes;
+
 namespace kk::tops::sm90 {
 
 namespace detail {

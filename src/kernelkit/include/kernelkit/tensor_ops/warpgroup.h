@@ -28,9 +28,6 @@
 #include <kernelkit/tensor_ops/sm90_wgmma.h>
 #define KK_TOPS_WGMMA 1
 
-// The dynamic shared memory a warpgroup run needs, as a symbol the backend finds in the cubin.
-template <int Bytes> __device__ int kk_tops_dynamic_smem = Bytes;
-
 namespace kk {
 namespace tops {
 
