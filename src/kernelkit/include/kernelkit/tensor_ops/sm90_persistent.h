@@ -178,8 +178,8 @@ struct persistent_gemm {
       }
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-      consume(t, base, outs + (warp >> 2) * half_bytes, full, empty, source, map_c, batches, M, N, tiles, per_batch,
-              tiles_m, tiles_n, k_tiles, epilogue);
+      consume(t, base, outs + (warp >> 2) * half_bytes, full, empty, source, map_c, M, N, tiles, per_batch, tiles_m,
+              tiles_n, k_tiles, epilogue);
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
     if (t == 256) {
@@ -212,8 +212,8 @@ struct persistent_gemm {
 
   template <class Epilogue>
   __device__ static void consume(int t, unsigned base, unsigned out, unsigned full, unsigned empty,
-                                 const operand& source, const void* map_c, int batches, int M, int N, int tiles,
-                                 int per_batch, int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
+                                 const operand& source, const void* map_c, int M, int N, int tiles, int per_batch,
+                                 int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
     using namespace detail;
     using A16 = stager<T, BM, KA, consumer_threads>;
     using B16 = stager<T, BN, KB, consumer_threads>;
@@ -231,8 +231,8 @@ struct persistent_gemm {
       where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
       const int row0 = m0 + wg * 128;
       if (source.p != nullptr && row0 + tw < M) {
-        // the source's rows of this warpgroup into L2 (a row of the tile a thread), read after the
-        // main loop
+        // the source's rows of this warpgroup into L2 (a row of the tile a thread), read under the
+        // last MMAs
         const T* r = source_row(source, bt, row0 + tw) + n0;
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(r));
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(r + 64));
