@@ -187,10 +187,14 @@ def matmul_add_relu_forward(lhs, rhs, bias, relaxed_precision: bool = False) -> 
     return _fused(lhs, rhs, bias, _output_shape(lhs, rhs, bias), True, relaxed_precision)
 
 
+def _product_shape(a, b) -> tuple:
+    """The shape of a @ b for checked operands (batch dims broadcast)."""
+    return (*_broadcast(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+
+
 def _matmul(a, b, relaxed: bool) -> torch.Tensor:
     """a @ b (batch dims broadcast) on the forward's tiles, no epilogue."""
-    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    return _fused(a, b, None, shape, False, relaxed)
+    return _fused(a, b, None, _product_shape(a, b), False, relaxed)
 
 
 def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
@@ -212,9 +216,10 @@ def matmul_add_relu_backward(lhs, rhs, bias, cotangent, output, relaxed_precisio
             _sum_to(grad, bias.shape))
 
 
+# The custom functions' operands were checked by matmul_add_relu.
 @custom_function
 def _exact(lhs, rhs, bias):
-    return matmul_add_relu_forward(lhs, rhs, bias)
+    return _fused(lhs, rhs, bias, _product_shape(lhs, rhs), True, False)
 
 
 @_exact.vjp
@@ -224,7 +229,7 @@ def _exact_vjp(primals, cotangent, output):
 
 @custom_function
 def _relaxed(lhs, rhs, bias):
-    return matmul_add_relu_forward(lhs, rhs, bias, relaxed_precision=True)
+    return _fused(lhs, rhs, bias, _product_shape(lhs, rhs), True, True)
 
 
 @_relaxed.vjp
