@@ -400,13 +400,15 @@ def test_matmul_add_relu_wide_tiles(device, dtype):
 
 def _persistent_cases(dtype):
     """(lhs, rhs, bias) that the persistent Hopper GEMM takes: each operand majorness, edges off
-    the 256 x 128 tiles and K off its 64-element stages, a broadcast rhs, a (N,) and a full bias,
-    and more tiles than an H100 has SMs; biases in pairs by the layer, or (a column's) by the epilogue, and none (the backward's)."""
+    the 256 x 128 tiles and K off its 64-element stages, a broadcast rhs, more tiles than an H100
+    has SMs; (N,) and full biases (pairs loaded by the layer), a column (loaded by the epilogue),
+    and none (the backward's products)."""
     def r(*shape):
         return torch.randn(shape, device="cuda").to(dtype)
     return [
         (r(2, 300, 264), r(264, 200), r(200)),                                   # rhs shared by the batch
-        (r(2, 264, 304)[..., :300].transpose(1, 2), r(2, 200, 264).transpose(1, 2), r(2, 300, 200)),  # M-, K-major
+        (r(2, 264, 304)[..., :300].transpose(1, 2),                              # M-major lhs,
+         r(2, 200, 264).transpose(1, 2), r(2, 300, 200)),                         # K-major rhs
         (r(1100, 136), r(136, 2056), r(1100, 2056)),                             # one matrix, 9 x 17 tiles
         (r(3, 513, 520), r(3, 520, 1032), r(3, 513, 1)),                         # 3 x 3 x 9 tiles
     ]
@@ -440,14 +442,15 @@ def test_matmul_add_relu_persistent(dtype, monkeypatch):
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_matmul_add_relu_persistent_compiles_for_sm90a(dtype, nvrtc):
-    """The persistent kernel in each operand majorness, the bias in pairs by the layer, by the epilogue or none, as an H100
-    launches it, compiled by NVRTC (on a GPU machine too)."""
+    """The persistent kernel in each operand majorness and bias mode (pairs by the layer, elements
+    by the epilogue, none), as an H100 launches it, compiled by NVRTC (on a GPU machine too)."""
     mar = sys.modules["kernelkit.ops.matmul_add_relu"]
     meta = torch.empty(2, 256, 256, dtype=dtype, device="meta")
-    for ka, kb, tiles in [(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 0, 2)]:
-        template = [("T", dtype), ("KA", ka), ("KB", kb), ("BIAS", tiles), ("RELU", 1)]
+    for ka, kb, bias in [(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 0, 2)]:
+        template = [("T", dtype), ("KA", ka), ("KB", kb), ("BIAS", bias), ("RELU", 1)]
         compiled = kk.compile_for(mar._persistent_kernel, "sm_90", inputs=[meta] * 3, output_dtypes=[dtype],
-                                  output_shapes=[meta.shape], template=template, grid=(384, 1, 1), threadgroup=(384, 1, 1))
+                                  output_shapes=[meta.shape], template=template, grid=(384, 1, 1),
+                                  threadgroup=(384, 1, 1))
         assert compiled.arch == "sm_90a" and compiled.binary
 
 
