@@ -273,6 +273,21 @@ def test_cuda_launch_bounds_from_the_header(device, nvrtc):
     assert maxreg == {None: 255, 512: 128}
 
 
+def test_cuda_body_with_the_c_library_integer_names(device):
+    """uint / ushort / ulong, as CUDA compiled by nvcc (and the CPU backend) see them from glibc;
+    compiled for sm_90 too without a GPU (conftest)."""
+    body = """
+        const uint i = blockIdx.x * blockDim.x + threadIdx.x;
+        const ushort two = 2;
+        const ulong n = x_shape[0];
+        if (i < n) y[i] = two * x[i];
+    """
+    k = kk.cuda_kernel(name="glibc_names", input_names=["x"], output_names=["y"], source=body)
+    x = torch.randn(1000, device=device)
+    y = k(inputs=[x], grid=(1024, 1, 1), threadgroup=(256, 1, 1), output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+    torch.testing.assert_close(y, 2 * x)
+
+
 def test_cuda_blocks_are_whole_and_clamped_to_the_grid(device):
     """The textbook reduction: the last block's threads past n still take part in __syncthreads
     and write their shared slot (MLX's CUDA kernels run whole blocks); a block is never larger

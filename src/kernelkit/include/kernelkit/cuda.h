@@ -19,6 +19,11 @@
 // give the group its buffer).
 #define KK_EXTERN_SHARED(T, name) extern __shared__ T name[]
 #define KK_CUDA_BIND_THREAD(t, shared_bytes) ((void)0)
+// glibc's <sys/types.h> names, which CUDA compiled by nvcc sees (and the CPU backend, through the
+// C library): a body written with them compiles for both targets.
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned long ulong;
 #else
 #include "target_cpu.h"
 #if !defined(__USE_FAST_MATH__)  // NVRTC defines it 0 or 1 (--use_fast_math); bodies may test it
