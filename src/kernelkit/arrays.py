@@ -139,3 +139,12 @@ def resolve_stream(stream, device: torch.device | None) -> torch.device:
     if device is not None and sdev != device:
         raise ValueError(f"stream is on {sdev} but the array inputs are on {device}")
     return sdev
+
+
+def aligned(t: torch.Tensor, size: int) -> bool:
+    """Whether t's data starts on a multiple of `size` bytes (vector loads, TMA). A tensor without
+    data (torch.compile's fake tensors) counts as aligned: what the real call sees decides."""
+    try:
+        return t.data_ptr() % size == 0
+    except RuntimeError:
+        return True

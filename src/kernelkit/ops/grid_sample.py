@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
+from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions
 
 # Seed 1 (mlx_custom_metal_kernels.txt), the fused forward kernel, verbatim.
@@ -758,16 +759,9 @@ def _vector(C: int, itemsize: int, *tensors) -> int:
     accesses aligned."""
     for v in (8, 4, 2):
         size = v * itemsize
-        if size <= 16 and C % v == 0 and all(_aligned(t, size) for t in tensors):
+        if size <= 16 and C % v == 0 and all(aligned(t, size) for t in tensors):
             return v
     return 1
-
-
-def _aligned(t: torch.Tensor, size: int) -> bool:
-    try:
-        return t.data_ptr() % size == 0
-    except RuntimeError:  # no data (torch.compile's fake tensors): what the real call sees decides
-        return True
 
 
 def _lanes(vectors: int, size: int, device: torch.device) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
+from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions
 
 _HEADER = """#include <metal_tensor>
@@ -28,8 +29,8 @@ _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"
                        ensure_row_contiguous=False)
 
 # Hopper, 16-bit types: the layer's persistent GEMM (one threadgroup an SM, the next tile's loads
-# under this tile's epilogue), where its TMA copies can read the operands.
-# persistent_gemm's threads (its shared memory the launcher reads off the cubin)
+# under this tile's epilogue), where its TMA copies can read the operands; its threads (its shared
+# memory the launcher reads off the cubin).
 _PERSISTENT_THREADS = 384
 _persistent_kernel = cuda_kernel(
     name="matmul_add_relu_sm90", input_names=["lhs", "rhs", "bias"], output_names=["out"],
@@ -78,14 +79,7 @@ def _tma_operand(t: torch.Tensor) -> int | None:
         return None
     if (row * 2) % 16 or row <= 0 or (s[0] * 2) % 16:
         return None
-    return major if _aligned(t, 16) else None
-
-
-def _aligned(t: torch.Tensor, size: int) -> bool:
-    try:
-        return t.data_ptr() % size == 0
-    except RuntimeError:  # no data (torch.compile's fake tensors): what the real call sees decides
-        return True
+    return major if aligned(t, 16) else None
 
 
 def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
@@ -104,7 +98,7 @@ def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     if ka is None or kb is None:
         return None
     # the bias: none, pairs the layer loads under the last MMAs, or elements the epilogue loads
-    pairs = c.stride(2) == 1 and c.stride(0) % 2 == 0 and c.stride(1) % 2 == 0 and _aligned(c, 4)
+    pairs = c.stride(2) == 1 and c.stride(0) % 2 == 0 and c.stride(1) % 2 == 0 and aligned(c, 4)
     mode = 0 if bias is None else 1 if pairs else 2
     tiles = a.shape[0] * -(-M // 256) * -(-N // 128)
     if tiles >= 2**31:  # the kernel counts tiles in 32-bit ints

@@ -71,6 +71,9 @@ struct persistent_gemm {
   static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16);
   static constexpr int BK = 64;                                // K elements a stage
   static constexpr int a_bytes = BM * 128, b_bytes = BN * 128, stage_bytes = a_bytes + b_bytes;
+  // A's and B's stage layouts (sm90_wgmma.h): TMA copies into them, descriptors read them
+  using A16 = detail::stager<T, BM, KA, consumer_threads>;
+  using B16 = detail::stager<T, BN, KB, consumer_threads>;
   static constexpr int half_bytes = 128 * 128;                 // a warpgroup's 128 x 64 outputs
   // stages, two output buffers, barriers and three maps (1024); + 1024 to align the stages
   static constexpr int smem_bytes = Stages * stage_bytes + 2 * half_bytes + 1024 + 1024;
@@ -160,19 +163,8 @@ struct persistent_gemm {
             if (use > 0) mbar_wait(empty + 8 * s, (use & 1) ^ 1);
             const unsigned dst = base + s * stage_bytes, bar = full + 8 * s;
             mbar_expect_tx(bar, stage_bytes);
-            if (KA) {
-              tma_load_3d(dst, map_a, kt * BK, m0, ba, bar);
-            } else {
-#pragma unroll
-              for (int j = 0; j < BM / 64; ++j) tma_load_3d(dst + j * 8192, map_a, m0 + 64 * j, kt * BK, ba, bar);
-            }
-            if (KB) {
-              tma_load_3d(dst + a_bytes, map_b, kt * BK, n0, bb, bar);
-            } else {
-#pragma unroll
-              for (int j = 0; j < BN / 64; ++j)
-                tma_load_3d(dst + a_bytes + j * 8192, map_b, n0 + 64 * j, kt * BK, bb, bar);
-            }
+            A16::issue(dst, map_a, kt * BK, m0, ba, bar);
+            B16::issue(dst + a_bytes, map_b, kt * BK, n0, bb, bar);
           }
         }
       }
@@ -215,8 +207,6 @@ struct persistent_gemm {
                                  const operand& source, const void* map_c, int M, int N, int tiles, int per_batch,
                                  int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
     using namespace detail;
-    using A16 = stager<T, BM, KA, consumer_threads>;
-    using B16 = stager<T, BN, KB, consumer_threads>;
     constexpr int n_acc = 128;  // 128 rows x 128 columns a warpgroup
     const int wg = t >> 7, tw = t & 127, w = tw >> 5, l = tw & 31, barrier = 1 + wg;
     // This thread's pair p = (mi, j / 2) is (row0 + row_of(p), col_of(p)) of the tile

@@ -494,6 +494,16 @@ template <class T, int R, bool KMajor, int Threads> struct stager {
       for (int j = 0; j < R / 64; ++j) tma_load_2d(dst + j * slab, map, 64 * j, k0, bar);
     }
   }
+  // The same from a 3-D map (a batch of matrices, persistent_gemm's): the tile's rows (columns)
+  // from mn0, of matrix `batch`.
+  __device__ static void issue(unsigned dst, const void* map, int k0, int mn0, int batch, unsigned bar) {
+    if constexpr (KMajor) {
+      tma_load_3d(dst, map, k0, mn0, batch, bar);
+    } else {
+#pragma unroll
+      for (int j = 0; j < R / 64; ++j) tma_load_3d(dst + j * slab, map, mn0 + 64 * j, k0, batch, bar);
+    }
+  }
 
   // The descriptor of the 64-row (A) or whole (B) block `block` at K step kk (32 bytes of K).
   __device__ static unsigned long long desc(unsigned tile, int block, int kk) {
