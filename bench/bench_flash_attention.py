@@ -72,8 +72,9 @@ def time_interleaved(fns: dict, rounds: int, target_ms: float) -> dict:
 
 
 def sass_counts() -> dict:
-    """HMMA (mma.sync) and shuffle counts in each kernel's SASS for bf16 D=128, where cuobjdump is
-    installed."""
+    """HGMMA / HMMA (mma.sync), shuffle, spill and MUFU counts in each kernel's SASS for bf16
+    D=128 (forward_sm90: Hopper's forward; the others: the talk-style kernels, the forward's
+    where the Hopper one does not apply), where cuobjdump is installed."""
     tool = shutil.which("cuobjdump")
     if tool is None:
         return {}
@@ -83,16 +84,21 @@ def sass_counts() -> dict:
     acc = torch.empty(4, 16, 4096, dtype=torch.float32, device="meta")
     out = {}
     for name, kernel, inputs, dts in (
+            ("forward_sm90", fa._sm90_forward, [meta, meta, meta, 0.1, False], [torch.bfloat16, torch.float32]),
             ("forward", fa._forward, [meta, meta, meta, 0.1, False], [torch.bfloat16, torch.float32]),
             ("dq", fa._dq, [meta, meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16, torch.float32]),
             ("dkdv", fa._dkdv, [meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16] * 2)):
-        binary = kk.compile_for(kernel, "sm_90", inputs=inputs, output_dtypes=dts,
-                                template=fa._template(torch.bfloat16, 128, "bhsd", name)).binary
+        if kernel is fa._sm90_forward:
+            launch = dict(template=[("T", torch.bfloat16), ("D", 128), ("BSHD", False)], grid=(384, 1, 1),
+                          threadgroup=(384, 1, 1), output_shapes=[meta.shape, acc.shape])
+        else:
+            launch = dict(template=fa._template(torch.bfloat16, 128, "bhsd", name))
+        binary = kk.compile_for(kernel, "sm_90", inputs=inputs, output_dtypes=dts, **launch).binary
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(binary)
             f.flush()
             sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-        out[name] = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "HMMA", "SHFL", "LDS", "STL")}
+        out[name] = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "HMMA", "SHFL", "LDS", "STL", "MUFU")}
     return out
 
 

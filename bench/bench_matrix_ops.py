@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 import kernelkit as kk  # noqa: E402
 from kernelkit.ops import dequantize_mxfp8, matmul_add_relu, mxfp8_matmul, quantize_mxfp8  # noqa: E402
+from kernelkit.ops import hopper  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_talk_matmul import sass_counts, time_interleaved as interleaved  # noqa: E402
@@ -56,7 +57,7 @@ def fused_case(batch: int, n: int, dtype, iters: int, rounds: int) -> list[dict]
     views = [t.view(-1, *t.shape[-2:]) for t in (lhs, rhs, bias)]
     sass = kernel_sass(mar._persistent_kernel, inputs=views, output_dtypes=[dtype], output_shapes=[views[2].shape],
                        template=[("T", dtype), ("KA", 1), ("KB", 0), ("BIAS", 1), ("RELU", 1)],
-                       grid=(mar._PERSISTENT_THREADS, 1, 1), threadgroup=(mar._PERSISTENT_THREADS, 1, 1))
+                       grid=(hopper.THREADS, 1, 1), threadgroup=(hopper.THREADS, 1, 1))
     flop = 2 * batch * n ** 3
     name = f"matmul_add_relu {str(dtype).split('.')[1]} {batch} x {n}^3"
     return [dict(case=name, contender=k, ms=v, tflops=flop / v / 1e9, ratio_to_ours=v / ms["kernelkit"],

@@ -152,6 +152,62 @@ def test_gpu_kernels_compile_for_sm90a(dtype, D, nvrtc):
         assert tensor_ops_shared(compiled.binary) >= 64 * 128
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128])
+def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
+    """Hopper's warp-specialised forward (tensor_ops/sm90_attention.h) as an H100 launches it."""
+    from kernelkit.backends.cuda import tensor_ops_shared
+    meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
+    compiled = kk.compile_for(fa._sm90_forward, "sm_90", inputs=[meta, meta, meta, 0.1, True],
+                              output_shapes=[meta.shape, (2, 16, 256)], output_dtypes=[dtype, torch.float32],
+                              template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384, 1, 1),
+                              threadgroup=(384, 1, 1))
+    stages = 4 if D == 64 else 2
+    assert compiled.arch == "sm_90a"
+    assert tensor_ops_shared(compiled.binary) == 128 * D * 2 * (1 + 2 * stages) + 64 * D * 4 + 2560
+
+
+def test_sm90_forward_takes_only_what_tma_reads():
+    """The Hopper forward's operands: views TMA cannot read (misaligned strides or base, a stride
+    of 0) go to the other path; a size-1 dim's stride is made valid."""
+    x = torch.empty(2, 3, 5, 64, dtype=torch.bfloat16)
+    assert fa._tma_view(x) is not None
+    assert fa._tma_view(x[..., 1:, :]) is not None                     # rows off the base: 128 bytes
+    assert fa._tma_view(torch.empty(2, 3, 5, 72, dtype=torch.bfloat16)[..., :64]) is not None
+    assert fa._tma_view(torch.empty(2, 3, 5, 68, dtype=torch.bfloat16)[..., :64]) is None  # 136-byte rows
+    assert fa._tma_view(torch.empty(x.numel() + 4, dtype=x.dtype)[4:].view(x.shape)) is None  # base off 16 bytes
+    assert fa._tma_view(x[:, :1].expand(2, 3, 5, 64)) is None          # a broadcast head
+    one = torch.empty(1, 1, 5, 64, dtype=torch.bfloat16).as_strided((1, 1, 5, 64), (7, 3, 64, 1))
+    assert fa._tma_view(one).stride() == (320, 320, 64, 1)
+
+
+_SM90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                           reason="needs an sm_90 GPU")
+
+
+@pytest.mark.gpu
+@_SM90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B, H, Hkv, Sq, Sk, D, causal, layout", [
+    (4, 16, 4, 700, 900, 128, True, "bhsd"),   # more tiles than SMs, GQA, Sq < Sk
+    (4, 16, 16, 700, 900, 128, False, "bshd"),
+    (2, 8, 2, 1100, 513, 64, True, "bhsd"),    # Sq > Sk: causal rows past the keys
+    (3, 5, 5, 1, 1000, 64, False, "bhsd"),     # a single query
+    (1, 3, 1, 257, 1, 128, True, "bshd"),      # a single key
+    (2, 2, 2, 128, 256, 64, True, "bhsd"),     # whole tiles
+])
+def test_sm90_forward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layout):
+    """The Hopper forward (output and lse; the backward is the other kernels') against float64."""
+    q, k, v = _qkv(B, H, Hkv, Sq, Sk, D, dtype, torch.device("cuda"), layout)
+    assert fa._sm90(q, k, v, causal, D ** -0.5, layout) is not None  # this path runs
+    o, lse = flash_attention(q, k, v, causal=causal, layout=layout, return_lse=True)
+    ref_o, ref_lse = flash_attention_reference(q.double(), k.double(), v.double(), causal, layout=layout,
+                                               return_lse=True)
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    torch.testing.assert_close(o.double(), ref_o, rtol=tol, atol=tol * max(1.0, ref_o.abs().max().item()))
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
-from .. import custom_function, metal_kernel
+from .. import cuda_kernel, custom_function, metal_kernel
+from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions
+from . import hopper
 
 _HERE = Path(__file__)
 _HEADER = _HERE.with_name("flash_attention.metal").read_text()
@@ -40,6 +42,49 @@ def _kernel(name: str, inputs: list[str], outputs: list[str]):
 _forward = _kernel("forward", ["q", "k", "v", "scale", "causal"], ["o", "lse"])
 _dq = _kernel("dq", ["q", "k", "v", "o", "dout", "lse", "dlse", "scale", "causal"], ["dq", "delta"])
 _dkdv = _kernel("dkdv", ["q", "k", "v", "dout", "lse", "delta", "scale", "causal"], ["dk", "dv"])
+
+
+# Hopper, 16-bit types, D = 64 or 128: the layer's warp-specialised forward (a producer warpgroup
+# streaming K and V by TMA, two consumers overlapping softmax with the MMAs), one threadgroup an SM.
+_sm90_forward = cuda_kernel(name="flash_attention_sm90", input_names=["q", "k", "v", "scale", "causal"],
+                            output_names=["o", "lse"], source=_HERE.with_name("flash_attention_sm90.cu").read_text(),
+                            header=hopper.HEADER, ensure_row_contiguous=False)
+_SM90_BLOCK = 128  # queries a tile
+
+
+def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
+    """x (B, H, S, D) as TMA reads it, or None where it cannot: base and strides 16-byte aligned,
+    nonzero and below 2**40 bytes (a size-1 dim's stride, never used, made valid)."""
+    if not aligned(x, 16):
+        return None
+    strides, inner = list(x.stride()), x.shape[3]
+    for i in (2, 1, 0):
+        if x.shape[i] == 1:
+            strides[i] = inner
+        if strides[i] <= 0 or (strides[i] * x.element_size()) % 16 or strides[i] * x.element_size() >= 2**40:
+            return None
+        inner = strides[i] * x.shape[i]
+    return x.as_strided(x.shape, strides)
+
+
+def _sm90(q, k, v, causal: bool, scale: float, layout: str):
+    """(o, lse) by the Hopper kernel, or None where it does not apply."""
+    dev = q.device
+    if (dev.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128)
+            or not scale > 0 or hopper.sm90_sms(dev) is None):
+        return None
+    views = [_tma_view(_bhsd(x, layout)) for x in (q, k, v)]
+    if any(x is None for x in views):
+        return None
+    B, H, Sq, D = views[0].shape
+    tiles = B * H * -(-Sq // _SM90_BLOCK)
+    if tiles >= 2**31:  # the kernel counts tiles in 32-bit ints
+        return None
+    ctas = min(tiles, hopper.sm90_sms(dev))
+    return _sm90_forward(inputs=[*views, float(scale), causal], template=[("T", q.dtype), ("D", D),
+                                                                          ("BSHD", layout == "bshd")],
+                         output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, torch.float32],
+                         grid=(ctas * hopper.THREADS, 1, 1), threadgroup=(hopper.THREADS, 1, 1))
 
 
 def _keys(d: int) -> int:
@@ -121,6 +166,9 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     if B * H * Sq == 0 or Sk == 0:  # no keys: softmax over nothing is zeros, as torch's SDPA
         lse = torch.full((B, H, Sq), -math.inf, dtype=acc, device=q.device)
         return torch.zeros_like(q, memory_format=torch.contiguous_format), lse
+    fast = _sm90(q, k, v, causal, scale, layout)
+    if fast is not None:
+        return tuple(fast)
     o, lse = _forward(inputs=[_rows(_bhsd(q, layout)), _rows(_bhsd(k, layout)), _rows(_bhsd(v, layout)),
                               _scale(scale, acc, q.device), causal],
                       template=_template(q.dtype, D, layout, "forward"), output_shapes=[q.shape, (B, H, Sq)],

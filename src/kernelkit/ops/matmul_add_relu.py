@@ -9,7 +9,6 @@ through its strides (no copies for broadcast or transposed operands).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from .. import cuda_kernel, custom_function, metal_kernel
 from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions
+from . import hopper
 
 _HEADER = """#include <metal_tensor>
 #include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
@@ -29,13 +29,11 @@ _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"
                        ensure_row_contiguous=False)
 
 # Hopper, 16-bit types: the layer's persistent GEMM (one threadgroup an SM, the next tile's loads
-# under this tile's epilogue), where its TMA copies can read the operands; its threads (its shared
-# memory the launcher reads off the cubin).
-_PERSISTENT_THREADS = 384
+# under this tile's epilogue), where its TMA copies can read the operands (its shared memory the
+# launcher reads off the cubin).
 _persistent_kernel = cuda_kernel(
     name="matmul_add_relu_sm90", input_names=["lhs", "rhs", "bias"], output_names=["out"],
-    source=Path(__file__).with_name("matmul_add_relu_sm90.cu").read_text(),
-    header=f"#define KK_MAX_THREADS_PER_THREADGROUP {_PERSISTENT_THREADS}\n#include <kernelkit/tensor_ops.h>\n",
+    source=Path(__file__).with_name("matmul_add_relu_sm90.cu").read_text(), header=hopper.HEADER,
     ensure_row_contiguous=False)
 
 # (TILEM, TILEN, SG): on NVIDIA, 16-bit types take the warpgroup path with two warpgroups sharing
@@ -49,13 +47,6 @@ def _tile(dtype: torch.dtype, device: torch.device, relaxed: bool) -> tuple[int,
     wide = device.type == "cuda" and (dtype in (torch.float16, torch.bfloat16) or
                                       (dtype == torch.float32 and relaxed))
     return _WIDE if wide else _NARROW
-
-
-@functools.lru_cache(maxsize=None)
-def _sm90_sms(dev: torch.device) -> int | None:
-    """The SMs of a Hopper (sm_90) GPU, None for another GPU."""
-    p = torch.cuda.get_device_properties(dev)
-    return p.multi_processor_count if (p.major, p.minor) == (9, 0) else None
 
 
 def _as3d(t: torch.Tensor) -> torch.Tensor | None:
@@ -85,7 +76,7 @@ def _tma_operand(t: torch.Tensor) -> int | None:
 def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     """The fused op by the persistent Hopper GEMM, or None where it does not apply."""
     dev = lhs.device
-    if dev.type != "cuda" or lhs.dtype not in (torch.float16, torch.bfloat16) or _sm90_sms(dev) is None:
+    if dev.type != "cuda" or lhs.dtype not in (torch.float16, torch.bfloat16) or hopper.sm90_sms(dev) is None:
         return None
     M, K = lhs.shape[-2:]
     N = rhs.shape[-1]
@@ -103,11 +94,11 @@ def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     tiles = a.shape[0] * -(-M // 256) * -(-N // 128)
     if tiles >= 2**31:  # the kernel counts tiles in 32-bit ints
         return None
-    ctas = min(tiles, _sm90_sms(dev))
+    ctas = min(tiles, hopper.sm90_sms(dev))
     template = [("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS", mode), ("RELU", int(relu))]
     return _persistent_kernel(inputs=[a, b, c], template=template, output_shapes=[out_shape],
-                              output_dtypes=[lhs.dtype], grid=(ctas * _PERSISTENT_THREADS, 1, 1),
-                              threadgroup=(_PERSISTENT_THREADS, 1, 1))[0]
+                              output_dtypes=[lhs.dtype], grid=(ctas * hopper.THREADS, 1, 1),
+                              threadgroup=(hopper.THREADS, 1, 1))[0]
 
 
 def _broadcast(*shapes) -> tuple:

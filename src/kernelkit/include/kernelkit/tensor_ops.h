@@ -22,6 +22,7 @@
 #include "tensor_ops/mma_sync.h"            // the warp tensor-core path (sm_80+)
 #include "tensor_ops/warpgroup.h"           // the warpgroup path (wgmma, sm_90a)
 #include "tensor_ops/sm90_persistent.h"     // a persistent warp-specialised GEMM (library ops)
+#include "tensor_ops/sm90_attention.h"      // a warp-specialised flash-attention forward (library ops)
 #endif
 #include "tensor_ops/matmul2d.h"            // matmul2d, its path
 #include "tensor_ops/reduction.h"           // reduce_rows, reduce_columns

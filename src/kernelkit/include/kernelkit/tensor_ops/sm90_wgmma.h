@@ -149,6 +149,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_operand(int& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(unsigned& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // A shared-memory matrix descriptor for the 128-byte swizzle: start, leading and stride byte
 // offsets (PTX ISA, "Matrix Descriptor Format"), each in 16-byte units.
@@ -170,6 +171,12 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// The same by the threads where `pred` holds, without a branch (a branch between a wgmma's issue
+// and its wait makes ptxas wait for it there).
+__device__ __forceinline__ void mbar_arrive_if(unsigned bar, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n"
+               ::"r"(bar), "r"(int(pred)) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred done;\nKK_WAIT:\n"
@@ -186,11 +193,21 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const void* map, int c
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
       ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const void* map, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
 // Shared -> global through a map (TMA store), in the issuing thread's bulk group; the group's
 // reads of shared memory are waited for by bulk_wait_read, its writes by bulk_wait.
 __device__ __forceinline__ void tma_store_3d(const void* map, unsigned src, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
                ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void tma_store_4d(const void* map, unsigned src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
@@ -213,23 +230,33 @@ __device__ __forceinline__ int claim_slot(unsigned sm) {
 }
 __device__ __forceinline__ void release_slot(unsigned sm, int slot) { atomicAnd(&tensor_map_slots[sm], ~(1u << slot)); }
 
-// A 2-D (3-D: dim2 > 0) map, dims innermost first, 128-byte swizzle, zero fill: ElemType 0/1/2 =
-// 1/2/4-byte. A third dim (a batch) has boxes of one.
+// A 2-D (3-D: dim2 > 0; 4-D: dim3 > 0 too) map, dims innermost first, 128-byte swizzle, zero
+// fill: ElemType 0/1/2 = 1/2/4-byte. The outer dims (batches, heads) have boxes of one.
 template <int ElemType>
 __device__ __forceinline__ void make_map(unsigned map, const void* base, unsigned dim0, unsigned dim1,
                                          unsigned long long stride1_bytes, unsigned box0, unsigned box1,
-                                         unsigned dim2 = 0, unsigned long long stride2_bytes = 0) {
+                                         unsigned dim2 = 0, unsigned long long stride2_bytes = 0,
+                                         unsigned dim3 = 0, unsigned long long stride3_bytes = 0) {
   asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(map),
                "l"(base) : "memory");
+  if (dim3) {
+    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 3;\n" ::"r"(map) : "memory");  // rank - 1
+    asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 3, 1;\n" ::"r"(map) : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 3, %1;\n" ::"r"(map), "r"(dim3) : "memory");
+    asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 2, %1;\n" ::"r"(map),
+                 "l"(stride3_bytes) : "memory");
+    asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 3, 1;\n" ::"r"(map) : "memory");
+  } else if (dim2) {
+    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 2;\n" ::"r"(map) : "memory");
+  } else {
+    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;\n" ::"r"(map) : "memory");
+  }
   if (dim2) {
-    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 2;\n" ::"r"(map) : "memory");  // rank - 1
     asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 2, 1;\n" ::"r"(map) : "memory");
     asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 2, %1;\n" ::"r"(map), "r"(dim2) : "memory");
     asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 1, %1;\n" ::"r"(map),
                  "l"(stride2_bytes) : "memory");
     asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], 2, 1;\n" ::"r"(map) : "memory");
-  } else {
-    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 1;\n" ::"r"(map) : "memory");
   }
   asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 0, %1;\n" ::"r"(map), "r"(box0) : "memory");
   asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], 1, %1;\n" ::"r"(map), "r"(box1) : "memory");

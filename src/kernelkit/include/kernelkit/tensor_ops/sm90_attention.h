@@ -1,0 +1,437 @@
+// kernelkit/tensor_ops/sm90_attention.h: a persistent, warp-specialised flash-attention forward
+// for Hopper (FlashAttention-3's structure) in the layer, for kernels that own a whole launch
+// (kk.ops.flash_attention's forward on sm_90).
+//
+// Why beside the talk's loop (ops/flash_attention_forward.metal, matmul2d runs of one
+// warpgroup): each run there stages its operand when called and waits for it, then waits for its
+// own MMAs, so the tensor cores idle under every copy and every softmax (376 TFLOP/s at B=4 H=16
+// S=4096 D=128 bf16 against cuDNN's ~600, bench/notes/flash_attention.md). Here a producer
+// warpgroup streams K and V through a pipeline of TMA stages while two consumer warpgroups
+// compute, and each consumer issues the next block's QK^T before its softmax of this block and
+// the PV product of the previous one, so exponentials run under MMAs.
+//
+// The contract:
+//
+//   namespace kk::tops::sm90 {
+//   template <class T, int D>
+//   struct attention_forward {
+//     static constexpr int threads = 384;    // 2 consumer warpgroups, a producer one
+//     static constexpr int block_q = 128;    // queries a tile (64 a consumer warpgroup)
+//     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
+//     struct operand { const T* p; long batch, head, row; };   // strides, elements
+//     __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& o,
+//                                float* lse, int B, int H, int Hkv, int Sq, int Sk, float scale,
+//                                bool causal);
+//   };
+//   }
+//
+// - T is __half or __nv_bfloat16, D 64 or 128; sums and softmax in float. Element (b, h, s, d) of
+//   q is q.p[b * q.batch + h * q.head + s * q.row + d] (d packed), likewise k and v with Hkv
+//   heads (query head h reads key/value head h / (H / Hkv)) and Sk rows, o (written) with H heads
+//   and Sq rows. TMA's limits: bases 16-byte aligned, strides in bytes multiples of 16 (a size-1
+//   dim's too) below 2^40, the caller checks them. scale > 0.
+// - o = softmax(q k^T * scale) v per (b, h), causal: query i sees keys j <= i (top-left, as
+//   torch's is_causal). lse[(b * H + h) * Sq + i] = the natural log of row i's sum of
+//   exp(scores * scale).
+// - Every thread of the threadgroup calls run; launch min(tiles, SMs) threadgroups, tiles =
+//   B * H * ceil(Sq / 128). As persistent_gemm: no extern __shared__ of the kernel's own, and the
+//   kernel's header defines KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
+//
+// Pipeline: the producer's first thread loads each tile's Q (128 x D) once the previous tile's
+// QK^T products are done with it, then K and V blocks of 128 keys, each through its own ring of
+// Stages buffers (full / empty mbarriers). Consumer warpgroup g owns queries [64 g, 64 g + 64)
+// of the tile: S_j = Q K_j^T (wgmma, both from shared memory) is issued before O += P_{j-1}
+// V_{j-1} (P in registers, the accumulator layout reused as wgmma's A fragment), then the
+// softmax of S_j runs while P_{j-1} V_{j-1} is in flight; O is rescaled once it lands. The
+// output leaves through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the
+// registers.
+#pragma once
+
+#if defined(KK_TARGET_CUDA)
+#include <kernelkit/tensor_ops/sm90_wgmma.h>
+
+namespace kk::tops::sm90 {
+
+template <class T, int D>
+struct attention_forward {
+  static constexpr int E = wgmma_type<T>::id;
+  static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16) && (D == 64 || D == 128);
+  static constexpr int threads = 384, consumer_threads = 256, block_q = 128, BN = 128;
+  static constexpr int Stages = D == 64 ? 4 : 2;
+  static constexpr int DC = D / 64;                        // 128-byte chunks of a row
+  static constexpr int box = 64 * 128;                     // a TMA box: 64 rows x 128 bytes
+  static constexpr int q_bytes = block_q * D * 2, kv_bytes = BN * D * 2, o_bytes = 64 * D * 2;
+  // Q, the K and V rings, a consumer warpgroup's output buffer each; barriers (1024), 4 maps (512),
+  // + 1024 to align
+  static constexpr int smem_bytes = q_bytes + 2 * Stages * kv_bytes + 2 * o_bytes + 1024 + 512 + 1024;
+
+  struct operand {
+    const T* p;
+    long batch, head, row;  // strides, elements
+  };
+
+  __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& o, float* lse,
+                             int B, int H, int Hkv, int Sq, int Sk, float scale, bool causal) {
+    static_assert(supported, "attention_forward: 16-bit types, D = 64 or 128, on sm_90a");
+#if defined(KK_TOPS_NO_WARPGROUP)
+    static_assert(!supported, "attention_forward stages through the kernel's dynamic shared memory: a body "
+                              "with its own extern __shared__ cannot use it");
+#endif
+    using namespace detail;
+    asm volatile("" ::"l"(&kk_tops_dynamic_smem<smem_bytes>));  // the launcher reads it off the cubin
+    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
+    unsigned dynamic;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+    if (dynamic < unsigned(smem_bytes) || blockDim.x * blockDim.y * blockDim.z != unsigned(threads)) __trap();
+    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + 1023) & ~1023u;
+    const unsigned ks = base + q_bytes, vs = ks + Stages * kv_bytes, outs = vs + Stages * kv_bytes;
+    const unsigned bars = outs + 2 * o_bytes, maps = bars + 1024;
+    // barriers: q full, q empty, then k full / k empty / v full / v empty rings; the slots word
+    const unsigned q_full = bars, q_empty = bars + 8, k_full = bars + 16, k_empty = k_full + 8 * Stages,
+                   v_full = k_empty + 8 * Stages, v_empty = v_full + 8 * Stages, slot_word = v_empty + 8 * Stages;
+    const int t = int(threadIdx.x), warp = t >> 5;
+    unsigned sm;
+    asm("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (sm >= unsigned(max_sms)) __trap();
+
+    // The producer's first warp claims two slots of map memory (Q, K; V, O), makes the maps and
+    // publishes them; its lane 0 sets up the barriers.
+    int slots = 0;
+    if (warp == 8) {
+      const int l = t & 31;
+      if (l == 0) {
+        slots = claim_slot(sm) | claim_slot(sm) << 8;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot_word), "r"(slots) : "memory");
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) st_shared(maps + 128 * m + 4 * l, 0u);
+      __syncwarp();
+      if (l == 0) {
+        make(maps, q, Sq, H, B);
+        make(maps + 128, k, Sk, Hkv, B);
+        make(maps + 256, v, Sk, Hkv, B);
+        make(maps + 384, o, Sq, H, B);
+        mbar_init(q_full, 1);
+        mbar_init(q_empty, consumer_threads / 32);
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+          mbar_init(k_full + 8 * s, 1);
+          mbar_init(v_full + 8 * s, 1);
+          mbar_init(k_empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
+          mbar_init(v_empty + 8 * s, consumer_threads / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      }
+      __syncwarp();
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
+#pragma unroll
+      for (int m = 0; m < 4; ++m) publish_map(map_at(sm, slots, m), maps + 128 * m);
+    }
+    __syncthreads();
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
+
+    const int nq = (Sq + block_q - 1) / block_q, tiles = B * H * nq, group = H / Hkv;
+    if (warp >= 8) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      if (t == 256) {
+        const void *map_q = map_at(sm, slots, 0), *map_k = map_at(sm, slots, 1), *map_v = map_at(sm, slots, 2);
+        acquire_map(map_q);
+        acquire_map(map_k);
+        acquire_map(map_v);
+        int it = 0, n = 0;
+        for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
+          int b, h, q0;
+          where(tile, nq, H, causal, b, h, q0);
+          const int hk = h / group, blocks = key_blocks(q0, Sk, causal);
+          if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
+          mbar_expect_tx(q_full, q_bytes);
+#pragma unroll
+          for (int c = 0; c < DC; ++c)
+#pragma unroll
+            for (int r = 0; r < block_q / 64; ++r)
+              tma_load_4d(base + c * block_q * 128 + r * box, map_q, 64 * c, q0 + 64 * r, h, b, q_full);
+          for (int j = 0; j < blocks; ++j, ++it) {
+            const int s = it % Stages, use = it / Stages;
+            // K block: chunk c of 128 rows x 128 bytes (K-major B of Q K^T); V block: 64-key
+            // chunks of DC slabs of 64 x 64 (MN-major B of P V)
+            if (use > 0) mbar_wait(k_empty + 8 * s, (use & 1) ^ 1);
+            mbar_expect_tx(k_full + 8 * s, kv_bytes);
+#pragma unroll
+            for (int c = 0; c < DC; ++c)
+#pragma unroll
+              for (int r = 0; r < BN / 64; ++r)
+                tma_load_4d(ks + s * kv_bytes + c * BN * 128 + r * box, map_k, 64 * c, j * BN + 64 * r, hk, b,
+                            k_full + 8 * s);
+            if (use > 0) mbar_wait(v_empty + 8 * s, (use & 1) ^ 1);
+            mbar_expect_tx(v_full + 8 * s, kv_bytes);
+#pragma unroll
+            for (int r = 0; r < BN / 64; ++r)
+#pragma unroll
+              for (int c = 0; c < DC; ++c)
+                tma_load_4d(vs + s * kv_bytes + (r * DC + c) * box, map_v, 64 * c, j * BN + 64 * r, hk, b,
+                            v_full + 8 * s);
+          }
+        }
+      }
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+      consume(t, base, ks, vs, outs + (warp >> 2) * o_bytes, q_full, q_empty, k_full, k_empty, v_full, v_empty,
+              map_at(sm, slots, 3), lse, nq, tiles, H, Sq, Sk, scale, causal);
+    }
+    __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
+    if (t == 256) {
+      mbar_inval(q_full);
+      mbar_inval(q_empty);
+#pragma unroll
+      for (int s = 0; s < Stages; ++s) {
+        mbar_inval(k_full + 8 * s);
+        mbar_inval(k_empty + 8 * s);
+        mbar_inval(v_full + 8 * s);
+        mbar_inval(v_empty + 8 * s);
+      }
+      release_slot(sm, slots & 0xff);
+      release_slot(sm, slots >> 8);
+    }
+  }
+
+ private:
+  static constexpr int n_s = BN / 2, n_o = D / 2, n_p = BN / 4;  // a thread's scores, outputs, packed P
+  __device__ static float inf() { return __int_as_float(0x7f800000); }
+
+  __device__ static void* map_at(unsigned sm, int slots, int m) {
+    return detail::tensor_maps[sm * detail::slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1];
+  }
+  // A (D, rows, heads, batches) map of 64 x 64 boxes.
+  __device__ static void make(unsigned map, const operand& x, int rows, int heads, int batches) {
+    detail::make_map<1>(map, x.p, D, rows, x.row * 2, 64, 64, heads, x.head * 2, batches, x.batch * 2);
+  }
+  // Tile `tile`'s batch, head and first query: the query blocks of a head are consecutive, so the
+  // SMs' tiles in flight share K and V in L2; causal tiles run the longest (last) blocks first.
+  __device__ static void where(int tile, int nq, int H, bool causal, int& b, int& h, int& q0) {
+    const int bh = tile / nq, qb = tile - bh * nq;
+    b = bh / H;
+    h = bh - b * H;
+    q0 = (causal ? nq - 1 - qb : qb) * block_q;
+  }
+  // Key blocks a tile reads: causal tiles stop at their last query.
+  __device__ static int key_blocks(int q0, int Sk, bool causal) {
+    const int kend = causal ? min(Sk, q0 + block_q) : Sk;
+    return (kend + BN - 1) / BN;
+  }
+
+  __device__ static float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  }
+  __device__ static unsigned pack(float x, float y) {
+    if constexpr (E == F16) {
+      const __half2 h = __floats2half2_rn(x, y);
+      return *reinterpret_cast<const unsigned*>(&h);
+    } else {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+      return *reinterpret_cast<const unsigned*>(&h);
+    }
+  }
+
+  // S = Q K^T for this warpgroup's 64 queries (q_tile: its block of the Q tile) and a K stage.
+  __device__ static void qk(float (&s)[n_s], unsigned q_tile, unsigned k_tile) {
+    using namespace detail;
+    const unsigned long long da = descriptor(q_tile, 16, 1024), db = descriptor(k_tile, 16, 1024);
+#pragma unroll
+    for (int c = 0; c < DC; ++c)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        mma<BN, E, E, 0, 0>(s, da + ((c * block_q * 128 + kk * 32) >> 4), db + ((c * BN * 128 + kk * 32) >> 4),
+                            c > 0 || kk > 0);
+  }
+  // O (+)= P V for a V stage: P the packed probabilities (the scores' accumulator layout is the A
+  // fragment's), V MN-major (wgmma's transpose bit).
+  __device__ static void pv(float (&o)[n_o], const unsigned (&p)[n_p], unsigned v_tile, bool accumulate) {
+    using namespace detail;
+    const unsigned long long db = descriptor(v_tile, box, 1024);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const unsigned a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      mma_rs<D, E, 1>(o, a, db + (((kk / 4) * DC * box + (kk % 4) * 16 * 128) >> 4), accumulate || kk > 0);
+    }
+  }
+  template <class R, int N> __device__ static void fence(R (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) detail::fence_operand(r[i]);
+  }
+
+  // The online softmax of a block's scores in place (exponentials, log2 domain), this thread's two
+  // rows' max m and partial sums l updated; returns in alpha the factors of the old state.
+  // Mask: keys >= Sk, and with causal keys past the row, are -inf (a compile-time choice: a branch
+  // between an MMA's issue and its wait makes ptxas wait for it at the branch).
+  template <bool Mask>
+  __device__ static void softmax(float (&s)[n_s], float (&m)[2], float (&l)[2], float (&alpha)[2], float scale2,
+                                 int key0, int row0, int Sk, bool causal) {
+    const int lane = threadIdx.x & 31;
+    if constexpr (Mask) {
+#pragma unroll
+      for (int i = 0; i < n_s; ++i) {
+        const int key = key0 + (i >> 2) * 8 + (lane & 3) * 2 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
+        s[i] = key >= Sk || (causal && key > row) ? -inf() : s[i];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int i = 0; i < n_s / 4; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      alpha[r] = ex2((m[r] - mx) * scale2);
+      m[r] = mx;
+      const float ms = mx * scale2;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < n_s / 4; ++i) {
+        s[4 * i + 2 * r] = ex2(fmaf(s[4 * i + 2 * r], scale2, -ms));
+        s[4 * i + 2 * r + 1] = ex2(fmaf(s[4 * i + 2 * r + 1], scale2, -ms));
+        sum += s[4 * i + 2 * r] + s[4 * i + 2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+  }
+
+  __device__ static void rescale(float (&o)[n_o], const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < n_o; ++i) o[i] *= alpha[(i >> 1) & 1];
+  }
+
+  template <bool V> struct flag {
+    static constexpr bool value = V;
+  };
+
+  __device__ static void consume(int t, unsigned q_smem, unsigned ks, unsigned vs, unsigned out, unsigned q_full,
+                                 unsigned q_empty, unsigned k_full, unsigned k_empty, unsigned v_full,
+                                 unsigned v_empty, const void* map_o, float* lse, int nq, int tiles, int H, int Sq,
+                                 int Sk, float scale, bool causal) {
+    using namespace detail;
+    const int wg = t >> 7, tw = t & 127, w = tw >> 5, lane = tw & 31, barrier = 1 + wg;
+    const bool leader = lane == 0;
+    const float scale2 = scale * 1.4426950408889634f;  // log2(e): exp2 does the softmax
+    const unsigned q_tile = q_smem + wg * box;           // this warpgroup's 64 rows of each Q chunk
+    if (tw == 0) acquire_map(map_o);
+    float o[n_o], s[n_s];
+    unsigned p[n_p];
+    int it = 0, n = 0;
+    for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
+      int b, h, q0;
+      where(tile, nq, H, causal, b, h, q0);
+      const int blocks = key_blocks(q0, Sk, causal);
+      const int row_lo = q0 + wg * 64, row0 = row_lo + w * 16 + (lane >> 2);  // this thread's rows: row0, row0 + 8
+      // Blocks from `unmasked` on need masking: they pass Sk or, causal, hold a key past this
+      // warpgroup's first row.
+      const int unmasked = causal ? min(Sk / BN, (row_lo + 1) / BN) : Sk / BN;
+      float m[2] = {-inf(), -inf()}, l[2] = {0.0f, 0.0f}, alpha[2];
+      mbar_wait(q_full, n & 1);
+
+      // Block 0's scores and probabilities, then step j: S_j = Q K_j^T issued, O rescaled to the
+      // previous softmax's max under it, O += P_{j-1} V_{j-1} issued, S_j's softmax run under that;
+      // P_j is packed once the MMAs are done reading P_{j-1}. (A second P buffer, packed under the
+      // MMAs, spills at D = 128: ptxas then serialises every wgmma.)
+      {
+        const int st = it % Stages;
+        mbar_wait(k_full + 8 * st, (it / Stages) & 1);
+        fence(s);
+        wgmma_fence();
+        qk(s, q_tile, ks + st * kv_bytes);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence(s);
+        mbar_arrive_if(k_empty + 8 * st, leader);
+        mbar_arrive_if(q_empty, leader && blocks == 1);
+        if (unmasked > 0) softmax<false>(s, m, l, alpha, scale2, 0, row0, Sk, causal);
+        else softmax<true>(s, m, l, alpha, scale2, 0, row0, Sk, causal);
+#pragma unroll
+        for (int i = 0; i < n_p; ++i) p[i] = pack(s[2 * i], s[2 * i + 1]);
+      }
+      const auto step = [&](int j, auto mask) {
+        const int sk = (it + 1) % Stages, sv = it % Stages;  // block j's K stage, block j - 1's V stage
+        mbar_wait(k_full + 8 * sk, ((it + 1) / Stages) & 1);
+        fence(s);
+        wgmma_fence();
+        qk(s, q_tile, ks + sk * kv_bytes);
+        wgmma_commit();
+        if (j > 1) rescale(o, alpha);
+        mbar_wait(v_full + 8 * sv, (it / Stages) & 1);
+        fence(o);
+        wgmma_fence();
+        pv(o, p, vs + sv * kv_bytes, j > 1);
+        wgmma_commit();
+        fence(p);
+        wgmma_wait<1>();  // S_j landed
+        fence(s);
+        mbar_arrive_if(k_empty + 8 * sk, leader);
+        mbar_arrive_if(q_empty, leader && j == blocks - 1);
+        softmax<decltype(mask)::value>(s, m, l, alpha, scale2, j * BN, row0, Sk, causal);
+        fence(s);  // the softmax stays before the wait (it does not touch memory: it could sink)
+        fence(l);
+        fence(alpha);
+        wgmma_wait<0>();
+        fence(o);
+        fence(p);  // read by the MMAs until now
+        mbar_arrive_if(v_empty + 8 * sv, leader);
+#pragma unroll
+        for (int i = 0; i < n_p; ++i) p[i] = pack(s[2 * i], s[2 * i + 1]);
+        ++it;
+      };
+      int j = 1;
+#pragma unroll 1
+      for (; j < min(unmasked, blocks); ++j) step(j, flag<false>{});
+#pragma unroll 1
+      for (; j < blocks; ++j) step(j, flag<true>{});
+      {  // the last block's P V
+        const int sv = it % Stages;
+        if (blocks > 1) rescale(o, alpha);
+        mbar_wait(v_full + 8 * sv, (it / Stages) & 1);
+        fence(o);
+        wgmma_fence();
+        pv(o, p, vs + sv * kv_bytes, blocks > 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence(o);
+        mbar_arrive_if(v_empty + 8 * sv, leader);
+        ++it;
+      }
+
+      // Epilogue: the rows' sums across their quad, O / sum into the buffer (DC chunks of 64 rows x
+      // 128 bytes, swizzled), a TMA store each; the log-sum-exp by each quad's first lane.
+      float inv[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        inv[r] = 1.0f / l[r];
+        const int row = row0 + 8 * r;
+        if ((lane & 3) == 0 && row < Sq)
+          lse[(long(b) * H + h) * Sq + row] = (m[r] * scale2 + __log2f(l[r])) * 0.6931471805599453f;
+      }
+      if (tw == 0) bulk_wait_read();  // the previous tile's stores have read the buffer
+      named_barrier(barrier, 128);
+#pragma unroll
+      for (int i = 0; i < n_o; i += 2) {
+        const int row = w * 16 + (lane >> 2) + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + (lane & 3) * 2;
+        const int cb = (col & 63) * 2;  // byte in the chunk's 128-byte row
+        const float f = inv[(i >> 1) & 1];
+        st_shared(out + (col >> 6) * box + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15),
+                  pack(o[i] * f, o[i + 1] * f));
+      }
+      fence_proxy_async();
+      named_barrier(barrier, 128);
+      if (tw == 0) {
+#pragma unroll
+        for (int c = 0; c < DC; ++c) tma_store_4d(map_o, out + c * box, 64 * c, row_lo, h, b);
+        bulk_commit();
+      }
+    }
+    if (tw == 0) bulk_wait();
+  }
+};
+
+}  // namespace kk::tops::sm90
+#endif  // KK_TARGET_CUDA

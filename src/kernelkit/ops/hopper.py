@@ -1,0 +1,20 @@
+"""What the ops' Hopper (sm_90) kernels share: the persistent, warp-specialised kernels of the
+tensor-op layer (tensor_ops/sm90_persistent.h, sm90_attention.h) run one threadgroup of 384
+threads an SM, a producer warpgroup and two consumers."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# the threadgroup, and the header that bounds the entry to it (entry_bounds.h: setmaxnreg needs it)
+THREADS = 384
+HEADER = f"#define KK_MAX_THREADS_PER_THREADGROUP {THREADS}\n#include <kernelkit/tensor_ops.h>\n"
+
+
+@functools.lru_cache(maxsize=None)
+def sm90_sms(dev: torch.device) -> int | None:
+    """The SMs of a Hopper (sm_90) GPU, None for another GPU."""
+    p = torch.cuda.get_device_properties(dev)
+    return p.multi_processor_count if (p.major, p.minor) == (9, 0) else None
