@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
-from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions
 from . import hopper
 
@@ -55,16 +54,17 @@ _SM90_BLOCK = 128  # queries a tile
 def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
     """x (B, H, S, D) as TMA reads it, or None where it cannot: base and strides 16-byte aligned,
     nonzero and below 2**40 bytes (a size-1 dim's stride, never used, made valid)."""
-    if not aligned(x, 16):
+    if x.data_ptr() % 16:
         return None
-    strides, inner = list(x.stride()), x.shape[3]
+    shape, strides, size = x.shape, list(x.stride()), x.element_size()
+    inner, fixed = shape[3], False
     for i in (2, 1, 0):
-        if x.shape[i] == 1:
-            strides[i] = inner
-        if strides[i] <= 0 or (strides[i] * x.element_size()) % 16 or strides[i] * x.element_size() >= 2**40:
+        if shape[i] == 1 and strides[i] != inner:
+            strides[i], fixed = inner, True
+        if strides[i] <= 0 or (strides[i] * size) % 16 or strides[i] * size >= 2**40:
             return None
-        inner = strides[i] * x.shape[i]
-    return x.as_strided(x.shape, strides)
+        inner = strides[i] * shape[i]
+    return x.as_strided(shape, strides) if fixed else x
 
 
 def _sm90(q, k, v, causal: bool, scale: float, layout: str):
@@ -155,12 +155,15 @@ def _check(q, k, v, causal, scale, layout) -> Preconditions:
     return pre
 
 
-def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
-                            layout: str = "bhsd") -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, lse) by the forward kernel, not differentiable. lse: (B, H, Sq), the natural log of
-    each row's sum of exp(scores * scale), float32 (float64 for float64)."""
-    pre = _check(q, k, v, causal, scale, layout)
-    B, H, Sq, D, Sk = pre["B"], pre["H"], pre["Sq"], pre["D"], pre["Sk"]
+def _dims(q, k, layout: str) -> tuple[int, ...]:
+    """(B, H, Sq, D, Hkv, Sk) of checked operands."""
+    B, H, Sq, D = _bhsd(q, layout).shape
+    return B, H, Sq, D, *_bhsd(k, layout).shape[1:3]
+
+
+def _attend(q, k, v, causal: bool, scale: float | None, layout: str):
+    """(output, lse) of checked operands."""
+    B, H, Sq, D, _, Sk = _dims(q, k, layout)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     acc = _acc(q.dtype)
     if B * H * Sq == 0 or Sk == 0:  # no keys: softmax over nothing is zeros, as torch's SDPA
@@ -176,12 +179,9 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     return o, lse
 
 
-def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = False,
-                             scale: float | None = None, layout: str = "bhsd"):
-    """(dq, dk, dv) from the output o and lse of the forward and the output's cotangent dout (and
-    lse's, dlse, if any): FlashAttention-2's backward, in two kernels."""
-    pre = _check(q, k, v, causal, scale, layout)
-    B, H, Sq, D, Hkv, Sk = pre["B"], pre["H"], pre["Sq"], pre["D"], pre["Hkv"], pre["Sk"]
+def _gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float | None, layout: str):
+    """(dq, dk, dv) of checked operands."""
+    B, H, Sq, D, Hkv, Sk = _dims(q, k, layout)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     acc = _acc(q.dtype)
     if B * H * Sq == 0 or Sk == 0:  # nothing depends on q, k or v
@@ -202,9 +202,48 @@ def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = Fa
     return dq, dk, dv
 
 
+_CHECKED: set = set()  # the signatures of calls checked already (a few hundred at most)
+
+
+def _check_once(q, k, v, causal, scale, layout, return_lse) -> None:
+    """The op's checks, made once for each signature of a call: what they read of the arguments
+    (their types, shapes, dtypes and devices; the flags and scale as given) is its key."""
+    try:
+        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device,
+               k.device, v.device, type(causal), causal, type(scale), scale, layout, type(return_lse), return_lse)
+        if key in _CHECKED:
+            return
+        hash(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks say what
+        key = None
+    _check(q, k, v, causal, scale, layout).flag("return_lse", return_lse)
+    if key is not None:
+        if len(_CHECKED) >= 512:
+            _CHECKED.clear()
+        _CHECKED.add(key)
+
+
+def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
+                            layout: str = "bhsd") -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, lse) by the forward kernel, not differentiable. lse: (B, H, Sq), the natural log of
+    each row's sum of exp(scores * scale), float32 (float64 for float64)."""
+    _check(q, k, v, causal, scale, layout)
+    return _attend(q, k, v, causal, scale, layout)
+
+
+def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = False,
+                             scale: float | None = None, layout: str = "bhsd"):
+    """(dq, dk, dv) from the output o and lse of the forward and the output's cotangent dout (and
+    lse's, dlse, if any): FlashAttention-2's backward, in two kernels."""
+    _check(q, k, v, causal, scale, layout)
+    return _gradients(q, k, v, o, lse, dout, dlse, causal, scale, layout)
+
+
+# The op checks its operands (~25 us on the H100's host) once for each signature of a call, so its
+# forward and backward take the unchecked paths.
 @custom_function
 def _attention(q, k, v, *, causal, scale, layout):
-    return flash_attention_forward(q, k, v, causal, scale, layout)
+    return _attend(q, k, v, causal, scale, layout)
 
 
 @_attention.vjp
@@ -212,7 +251,7 @@ def _attention_vjp(primals, cotangents, outputs, *, causal, scale, layout):
     q, k, v = primals
     dout, dlse = cotangents
     o, lse = outputs
-    return flash_attention_backward(q, k, v, o, lse, dout, dlse, causal, scale, layout)
+    return _gradients(q, k, v, o, lse, dout, dlse, causal, scale, layout)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -228,8 +267,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return_lse=True also the log-sum-exp of each row of scaled scores, (B, H, Sq), float32
     (float64 for float64), differentiable too.
     """
-    _check(q, k, v, causal, scale, layout)
-    Preconditions("flash_attention").flag("return_lse", return_lse)
+    _check_once(q, k, v, causal, scale, layout, return_lse)
     o, lse = _attention(q, k, v, causal=causal, scale=scale, layout=layout)
     return (o, lse) if return_lse else o
 

@@ -38,13 +38,17 @@
 //   kernel's header defines KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
 //
 // Pipeline: the producer's first thread loads each tile's Q (128 x D) once the previous tile's
-// QK^T products are done with it, then K and V blocks of 128 keys, each through its own ring of
-// Stages buffers (full / empty mbarriers). Consumer warpgroup g owns queries [64 g, 64 g + 64)
-// of the tile: S_j = Q K_j^T (wgmma, both from shared memory) is issued before O += P_{j-1}
-// V_{j-1} (P in registers, the accumulator layout reused as wgmma's A fragment), then the
-// softmax of S_j runs while P_{j-1} V_{j-1} is in flight; O is rescaled once it lands. The
-// output leaves through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the
-// registers.
+// QK^T products are done with it, then K and V blocks of BN keys (128; 192 at D = 64), each
+// through its own ring of Stages buffers (full / empty mbarriers). Consumer warpgroup g owns
+// queries [64 g, 64 g + 64) of the tile. Step j: S_j = Q K_j^T (wgmma, both from shared memory)
+// is issued, O is rescaled to the previous softmax's max under it, O += P_{j-1} V_{j-1} is
+// issued (P in registers: the scores' accumulator layout is wgmma's A fragment), then S_j's
+// softmax runs while P_{j-1} V_{j-1} is in flight. The two warpgroups take turns issuing their
+// MMAs (named barriers), so one's softmax also runs under the other's MMAs. The output leaves
+// through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the registers.
+// Measured against the alternatives (bench/notes/flash_attention.md): without the turns, -2%
+// to -12%; a second P buffer, packed under the MMAs, spills at D = 128 (ptxas then serialises
+// every wgmma).
 #pragma once
 
 #if defined(KK_TARGET_CUDA)
@@ -56,8 +60,10 @@ template <class T, int D>
 struct attention_forward {
   static constexpr int E = wgmma_type<T>::id;
   static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16) && (D == 64 || D == 128);
-  static constexpr int threads = 384, consumer_threads = 256, block_q = 128, BN = 128;
-  static constexpr int Stages = D == 64 ? 4 : 2;
+  // Keys a step: at D = 64 a step's MMAs are half as long beside the same softmax, and 192 keys
+  // share its fixed costs (+1-3% over 128 at B=4 H=16 S=4096, H100)
+  static constexpr int threads = 384, consumer_threads = 256, block_q = 128, BN = D == 64 ? 192 : 128;
+  static constexpr int Stages = D == 64 ? 3 : 2;
   static constexpr int DC = D / 64;                        // 128-byte chunks of a row
   static constexpr int box = 64 * 128;                     // a TMA box: 64 rows x 128 bytes
   static constexpr int q_bytes = block_q * D * 2, kv_bytes = BN * D * 2, o_bytes = 64 * D * 2;
@@ -315,6 +321,11 @@ struct attention_forward {
     const bool leader = lane == 0;
     const float scale2 = scale * 1.4426950408889634f;  // log2(e): exp2 does the softmax
     const unsigned q_tile = q_smem + wg * box;           // this warpgroup's 64 rows of each Q chunk
+    // The two warpgroups take turns issuing their MMAs (FlashAttention-3's ping-pong): each waits
+    // on its own barrier before its S product and lets the other go once its P V is issued, so
+    // one's softmax runs under the other's MMAs. Warpgroup 0 goes first.
+    const int my_turn = 3 + wg, their_turn = 4 - wg;
+    if (wg == 1) named_barrier_arrive(their_turn, consumer_threads);
     if (tw == 0) acquire_map(map_o);
     float o[n_o], s[n_s];
     unsigned p[n_p];
@@ -330,17 +341,17 @@ struct attention_forward {
       float m[2] = {-inf(), -inf()}, l[2] = {0.0f, 0.0f}, alpha[2];
       mbar_wait(q_full, n & 1);
 
-      // Block 0's scores and probabilities, then step j: S_j = Q K_j^T issued, O rescaled to the
-      // previous softmax's max under it, O += P_{j-1} V_{j-1} issued, S_j's softmax run under that;
-      // P_j is packed once the MMAs are done reading P_{j-1}. (A second P buffer, packed under the
-      // MMAs, spills at D = 128: ptxas then serialises every wgmma.)
+      // Block 0's scores and probabilities, then the steps; P_j is packed once the MMAs are done
+      // reading P_{j-1}.
       {
         const int st = it % Stages;
         mbar_wait(k_full + 8 * st, (it / Stages) & 1);
+        named_barrier(my_turn, consumer_threads);
         fence(s);
         wgmma_fence();
         qk(s, q_tile, ks + st * kv_bytes);
         wgmma_commit();
+        named_barrier_arrive(their_turn, consumer_threads);
         wgmma_wait<0>();
         fence(s);
         mbar_arrive_if(k_empty + 8 * st, leader);
@@ -353,6 +364,7 @@ struct attention_forward {
       const auto step = [&](int j, auto mask) {
         const int sk = (it + 1) % Stages, sv = it % Stages;  // block j's K stage, block j - 1's V stage
         mbar_wait(k_full + 8 * sk, ((it + 1) / Stages) & 1);
+        named_barrier(my_turn, consumer_threads);
         fence(s);
         wgmma_fence();
         qk(s, q_tile, ks + sk * kv_bytes);
@@ -363,6 +375,7 @@ struct attention_forward {
         wgmma_fence();
         pv(o, p, vs + sv * kv_bytes, j > 1);
         wgmma_commit();
+        named_barrier_arrive(their_turn, consumer_threads);
         fence(p);
         wgmma_wait<1>();  // S_j landed
         fence(s);
@@ -429,6 +442,7 @@ struct attention_forward {
         bulk_commit();
       }
     }
+    if (wg == 0) named_barrier(my_turn, consumer_threads);  // warpgroup 1's last turn, given back
     if (tw == 0) bulk_wait();
   }
 };

@@ -138,6 +138,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // The named barrier of group j of WG warpgroups: 1 + j for one warpgroup (at most 8 groups),
 // 9 + j for two (at most 4), so that groups of the two widths never share one (0 is __syncthreads).
 constexpr int group_barrier(int wg, int group) { return (wg == 1 ? 1 : 9) + group; }
