@@ -8,8 +8,11 @@ of the PV matmul2d. It keeps each row's log-sum-exp for the backward, which reco
 probabilities from it: one kernel for dQ (it also computes D = rowsum(dO * O)), one for dK and
 dV (each threadgroup owns a block of keys and sums over every query head that reads them), so no
 atomics. Every kernel's ops span its threadgroup (on Hopper a warpgroup's wgmma, a left-input
-cooperative tensor its register operand, the tiles read from device memory staged by the ops). Causal masking is top-left aligned, as torch's scaled_dot_product_attention(is_causal=
-True): query i sees keys j <= i, whatever the two lengths.
+cooperative tensor its register operand, the tiles read from device memory staged by the ops).
+On Hopper the 16-bit forward at D = 64 and 128 runs instead on the layer's warp-specialised
+kernel (tensor_ops/sm90_attention.h, flash_attention_sm90.cu), where TMA can read the tensors.
+Causal masking is top-left aligned, as torch's scaled_dot_product_attention(is_causal=True):
+query i sees keys j <= i, whatever the two lengths.
 """
 
 from __future__ import annotations

@@ -84,35 +84,18 @@ struct attention_forward {
                               "with its own extern __shared__ cannot use it");
 #endif
     using namespace detail;
-    asm volatile("" ::"l"(&kk_tops_dynamic_smem<smem_bytes>));  // the launcher reads it off the cubin
-    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
-    unsigned dynamic;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
-    if (dynamic < unsigned(smem_bytes) || blockDim.x * blockDim.y * blockDim.z != unsigned(threads)) __trap();
-    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + 1023) & ~1023u;
+    const unsigned base = persistent_smem<smem_bytes, threads>();
     const unsigned ks = base + q_bytes, vs = ks + Stages * kv_bytes, outs = vs + Stages * kv_bytes;
     const unsigned bars = outs + 2 * o_bytes, maps = bars + 1024;
     // barriers: q full, q empty, then k full / k empty / v full / v empty rings; the slots word
     const unsigned q_full = bars, q_empty = bars + 8, k_full = bars + 16, k_empty = k_full + 8 * Stages,
                    v_full = k_empty + 8 * Stages, v_empty = v_full + 8 * Stages, slot_word = v_empty + 8 * Stages;
     const int t = int(threadIdx.x), warp = t >> 5;
-    unsigned sm;
-    asm("mov.u32 %0, %%smid;" : "=r"(sm));
-    if (sm >= unsigned(max_sms)) __trap();
+    const unsigned sm = current_sm();
 
-    // The producer's first warp claims two slots of map memory (Q, K; V, O), makes the maps and
-    // publishes them; its lane 0 sets up the barriers.
-    int slots = 0;
-    if (warp == 8) {
-      const int l = t & 31;
-      if (l == 0) {
-        slots = claim_slot(sm) | claim_slot(sm) << 8;
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot_word), "r"(slots) : "memory");
-      }
-#pragma unroll
-      for (int m = 0; m < 4; ++m) st_shared(maps + 128 * m + 4 * l, 0u);
-      __syncwarp();
-      if (l == 0) {
+    // The producer's first warp makes the maps (Q, K; V, O) and sets up the barriers.
+    if (warp == 8)
+      publish_maps<4>(sm, maps, slot_word, [&] {
         make(maps, q, Sq, H, B);
         make(maps + 128, k, Sk, Hkv, B);
         make(maps + 256, v, Sk, Hkv, B);
@@ -126,21 +109,15 @@ struct attention_forward {
           mbar_init(k_empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
           mbar_init(v_empty + 8 * s, consumer_threads / 32);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-      }
-      __syncwarp();
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
-#pragma unroll
-      for (int m = 0; m < 4; ++m) publish_map(map_at(sm, slots, m), maps + 128 * m);
-    }
+      });
     __syncthreads();
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
+    const int slots = read_slots(slot_word);
 
     const int nq = (Sq + block_q - 1) / block_q, tiles = B * H * nq, group = H / Hkv;
     if (warp >= 8) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
       if (t == 256) {
-        const void *map_q = map_at(sm, slots, 0), *map_k = map_at(sm, slots, 1), *map_v = map_at(sm, slots, 2);
+        const void *map_q = map_in(sm, slots, 0), *map_k = map_in(sm, slots, 1), *map_v = map_in(sm, slots, 2);
         acquire_map(map_q);
         acquire_map(map_k);
         acquire_map(map_v);
@@ -182,7 +159,7 @@ struct attention_forward {
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
       consume(t, base, ks, vs, outs + (warp >> 2) * o_bytes, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-              map_at(sm, slots, 3), lse, nq, tiles, H, Sq, Sk, scale, causal);
+              map_in(sm, slots, 3), lse, nq, tiles, H, Sq, Sk, scale, causal);
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
     if (t == 256) {
@@ -195,8 +172,7 @@ struct attention_forward {
         mbar_inval(v_full + 8 * s);
         mbar_inval(v_empty + 8 * s);
       }
-      release_slot(sm, slots & 0xff);
-      release_slot(sm, slots >> 8);
+      release_slots(sm, slots);
     }
   }
 
@@ -204,9 +180,6 @@ struct attention_forward {
   static constexpr int n_s = BN / 2, n_o = D / 2, n_p = BN / 4;  // a thread's scores, outputs, packed P
   __device__ static float inf() { return __int_as_float(0x7f800000); }
 
-  __device__ static void* map_at(unsigned sm, int slots, int m) {
-    return detail::tensor_maps[sm * detail::slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1];
-  }
   // A (D, rows, heads, batches) map of 64 x 64 boxes.
   __device__ static void make(unsigned map, const operand& x, int rows, int heads, int batches) {
     detail::make_map<1>(map, x.p, D, rows, x.row * 2, 64, 64, heads, x.head * 2, batches, x.batch * 2);
@@ -229,15 +202,6 @@ struct attention_forward {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-  }
-  __device__ static unsigned pack(float x, float y) {
-    if constexpr (E == F16) {
-      const __half2 h = __floats2half2_rn(x, y);
-      return *reinterpret_cast<const unsigned*>(&h);
-    } else {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-      return *reinterpret_cast<const unsigned*>(&h);
-    }
   }
 
   // S = Q K^T for this warpgroup's 64 queries (q_tile: its block of the Q tile) and a K stage.
@@ -276,11 +240,13 @@ struct attention_forward {
                                  int key0, int row0, int Sk, bool causal) {
     const int lane = threadIdx.x & 31;
     if constexpr (Mask) {
+      // element i is (row r, key key0 + first + off(i)): it is seen where off(i) <= last[r]
+      const int first = (lane & 3) * 2;
+      int last[2];
 #pragma unroll
-      for (int i = 0; i < n_s; ++i) {
-        const int key = key0 + (i >> 2) * 8 + (lane & 3) * 2 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
-        s[i] = key >= Sk || (causal && key > row) ? -inf() : s[i];
-      }
+      for (int r = 0; r < 2; ++r) last[r] = (causal ? min(Sk - 1, row0 + 8 * r) : Sk - 1) - key0 - first;
+#pragma unroll
+      for (int i = 0; i < n_s; ++i) s[i] = (i >> 2) * 8 + (i & 1) > last[(i >> 1) & 1] ? -inf() : s[i];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -359,8 +325,17 @@ struct attention_forward {
         if (unmasked > 0) softmax<false>(s, m, l, alpha, scale2, 0, row0, Sk, causal);
         else softmax<true>(s, m, l, alpha, scale2, 0, row0, Sk, causal);
 #pragma unroll
-        for (int i = 0; i < n_p; ++i) p[i] = pack(s[2 * i], s[2 * i + 1]);
+        for (int i = 0; i < n_p; ++i) p[i] = pack_pair<T>(s[2 * i], s[2 * i + 1]);
       }
+      // O (rescaled to the last softmax's max) += P V of the block in V stage sv
+      const auto issue_pv = [&](int sv, bool accumulate) {
+        if (accumulate) rescale(o, alpha);
+        mbar_wait(v_full + 8 * sv, (it / Stages) & 1);
+        fence(o);
+        wgmma_fence();
+        pv(o, p, vs + sv * kv_bytes, accumulate);
+        wgmma_commit();
+      };
       const auto step = [&](int j, auto mask) {
         const int sk = (it + 1) % Stages, sv = it % Stages;  // block j's K stage, block j - 1's V stage
         mbar_wait(k_full + 8 * sk, ((it + 1) / Stages) & 1);
@@ -369,12 +344,7 @@ struct attention_forward {
         wgmma_fence();
         qk(s, q_tile, ks + sk * kv_bytes);
         wgmma_commit();
-        if (j > 1) rescale(o, alpha);
-        mbar_wait(v_full + 8 * sv, (it / Stages) & 1);
-        fence(o);
-        wgmma_fence();
-        pv(o, p, vs + sv * kv_bytes, j > 1);
-        wgmma_commit();
+        issue_pv(sv, j > 1);
         named_barrier_arrive(their_turn, consumer_threads);
         fence(p);
         wgmma_wait<1>();  // S_j landed
@@ -390,7 +360,7 @@ struct attention_forward {
         fence(p);  // read by the MMAs until now
         mbar_arrive_if(v_empty + 8 * sv, leader);
 #pragma unroll
-        for (int i = 0; i < n_p; ++i) p[i] = pack(s[2 * i], s[2 * i + 1]);
+        for (int i = 0; i < n_p; ++i) p[i] = pack_pair<T>(s[2 * i], s[2 * i + 1]);
         ++it;
       };
       int j = 1;
@@ -400,12 +370,7 @@ struct attention_forward {
       for (; j < blocks; ++j) step(j, flag<true>{});
       {  // the last block's P V
         const int sv = it % Stages;
-        if (blocks > 1) rescale(o, alpha);
-        mbar_wait(v_full + 8 * sv, (it / Stages) & 1);
-        fence(o);
-        wgmma_fence();
-        pv(o, p, vs + sv * kv_bytes, blocks > 1);
-        wgmma_commit();
+        issue_pv(sv, blocks > 1);
         wgmma_wait<0>();
         fence(o);
         mbar_arrive_if(v_empty + 8 * sv, leader);
@@ -432,7 +397,7 @@ struct attention_forward {
         const int cb = (col & 63) * 2;  // byte in the chunk's 128-byte row
         const float f = inv[(i >> 1) & 1];
         st_shared(out + (col >> 6) * box + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15),
-                  pack(o[i] * f, o[i + 1] * f));
+                  pack_pair<T>(o[i] * f, o[i + 1] * f));
       }
       fence_proxy_async();
       named_barrier(barrier, 128);

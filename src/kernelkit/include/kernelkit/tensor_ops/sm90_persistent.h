@@ -93,33 +93,16 @@ struct persistent_gemm {
                               "with its own extern __shared__ cannot use it");
 #endif
     using namespace detail;
-    asm volatile("" ::"l"(&kk_tops_dynamic_smem<smem_bytes>));  // the launcher reads it off the cubin
-    extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
-    unsigned dynamic;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
-    if (dynamic < unsigned(smem_bytes) || blockDim.x * blockDim.y * blockDim.z != unsigned(threads)) __trap();
-    const unsigned base = (smem_u32(kk_sm90_dynamic_smem) + 1023) & ~1023u;
+    const unsigned base = persistent_smem<smem_bytes, threads>();
     const unsigned outs = base + Stages * stage_bytes, extra = outs + 2 * half_bytes;
     // full[Stages], empty[Stages], the slots word; maps from + 128
     const unsigned full = extra, empty = extra + 8 * Stages, slot_word = extra + 16 * Stages, maps = extra + 128;
     const int t = int(threadIdx.x), warp = t >> 5;
-    unsigned sm;
-    asm("mov.u32 %0, %%smid;" : "=r"(sm));
-    if (sm >= unsigned(max_sms)) __trap();
+    const unsigned sm = current_sm();
 
-    // The producer's first warp claims two slots of global map memory (A, B; C), makes
-    // the maps in shared memory and publishes them; its lane 0 sets up the barriers.
-    int slots = 0;
-    if (warp == 8) {
-      const int l = t & 31;
-      if (l == 0) {
-        slots = claim_slot(sm) | claim_slot(sm) << 8;
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot_word), "r"(slots) : "memory");
-      }
-#pragma unroll
-      for (int m = 0; m < 3; ++m) st_shared(maps + 128 * m + 4 * l, 0u);
-      __syncwarp();
-      if (l == 0) {
+    // The producer's first warp makes the maps (A, B; C) and sets up the barriers.
+    if (warp == 8)
+      publish_maps<3>(sm, maps, slot_word, [&] {
         constexpr int et = 1;  // 2-byte elements
         if (KA) make_map<et>(maps, a.p, K, M, a.row_stride * 2, BK, BM, a.batches, batch_bytes(a, M));
         else make_map<et>(maps, a.p, M, K, a.row_stride * 2, 64, BK, a.batches, batch_bytes(a, K));
@@ -131,17 +114,10 @@ struct persistent_gemm {
           mbar_init(full + 8 * s, 1);
           mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-      }
-      __syncwarp();
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
-#pragma unroll
-      for (int m = 0; m < 3; ++m)
-        publish_map(tensor_maps[sm * slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1], maps + 128 * m);
-    }
+      });
     __syncthreads();
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
-    const void* map_c = tensor_maps[sm * slots_per_sm + (slots >> 8)][0];
+    const int slots = read_slots(slot_word);
+    const void* map_c = map_in(sm, slots, 2);
 
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_tiles = (K + BK - 1) / BK;
     const int per_batch = tiles_m * tiles_n, tiles = batches * per_batch;
@@ -149,8 +125,7 @@ struct persistent_gemm {
     if (warp >= 8) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
       if (t == 256) {
-        const void* map_a = tensor_maps[sm * slots_per_sm + (slots & 0xff)][0];
-        const void* map_b = tensor_maps[sm * slots_per_sm + (slots & 0xff)][1];
+        const void *map_a = map_in(sm, slots, 0), *map_b = map_in(sm, slots, 1);
         acquire_map(map_a);
         acquire_map(map_b);
         int it = 0;
@@ -180,8 +155,7 @@ struct persistent_gemm {
         mbar_inval(full + 8 * s);
         mbar_inval(empty + 8 * s);
       }
-      release_slot(sm, slots & 0xff);
-      release_slot(sm, slots >> 8);
+      release_slots(sm, slots);
     }
   }
 
@@ -285,11 +259,11 @@ struct persistent_gemm {
           for (int j = 32 * h; j < 32 * h + 32; j += 2) {
             const int i = mi * 64 + j, row = row_of(mi, j), col = col_of(j);
             float s0 = 0.0f, s1 = 0.0f;
-            if (source.p != nullptr) unpack(src[i / 2], s0, s1);
+            if (source.p != nullptr) unpack_pair<T>(src[i / 2], s0, s1);
             float v0 = acc[i], v1 = acc[i + 1];
             epilogue(v0, v1, s0, s1, bt, row0 + row, n0 + col);
             const int cb = (col - 64 * h) * 2;  // byte in the buffer's 128-byte row
-            st_shared(out + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15), pack(v0, v1));
+            st_shared(out + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15), pack_pair<T>(v0, v1));
           }
         fence_proxy_async();
         named_barrier(barrier, 128);
@@ -309,25 +283,6 @@ struct persistent_gemm {
     unsigned v;
     asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
     return v;
-  }
-
-  __device__ static unsigned pack(float x, float y) {
-    if constexpr (E == F16) {
-      const __half2 v = __floats2half2_rn(x, y);
-      return *reinterpret_cast<const unsigned*>(&v);
-    } else {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-      return *reinterpret_cast<const unsigned*>(&v);
-    }
-  }
-  __device__ static void unpack(unsigned u, float& x, float& y) {
-    if constexpr (E == F16) {
-      const __half2 v = *reinterpret_cast<const __half2*>(&u);
-      x = __low2float(v), y = __high2float(v);
-    } else {
-      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&u);
-      x = __low2float(v), y = __high2float(v);
-    }
   }
 };
 

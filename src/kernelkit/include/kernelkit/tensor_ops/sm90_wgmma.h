@@ -283,6 +283,83 @@ __device__ __forceinline__ void acquire_map(const void* global) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(global) : "memory");
 }
 
+// Two floats as a pair of T (__half or __nv_bfloat16) in 32 bits, rounded to nearest; and back.
+template <class T> __device__ __forceinline__ unsigned pack_pair(float x, float y) {
+  if constexpr (same<T, __half>) {
+    const __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const unsigned*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
+}
+template <class T> __device__ __forceinline__ void unpack_pair(unsigned u, float& x, float& y) {
+  if constexpr (same<T, __half>) {
+    const __half2 v = *reinterpret_cast<const __half2*>(&u);
+    x = __low2float(v), y = __high2float(v);
+  } else {
+    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&u);
+    x = __low2float(v), y = __high2float(v);
+  }
+}
+
+// What the persistent, warp-specialised kernels (persistent_gemm, attention_forward) set up the
+// same way. Their dynamic shared memory, 1024-byte aligned (the 128-byte swizzle's atoms): named
+// in the cubin for the launcher (kk_tops_dynamic_smem); a launch with less, or another
+// threadgroup size, traps.
+template <int SmemBytes, int Threads>
+__device__ __forceinline__ unsigned persistent_smem() {
+  asm volatile("" ::"l"(&kk_tops_dynamic_smem<SmemBytes>));
+  extern __shared__ __align__(16) unsigned char kk_sm90_dynamic_smem[];
+  unsigned dynamic;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+  if (dynamic < unsigned(SmemBytes) || blockDim.x * blockDim.y * blockDim.z != unsigned(Threads)) __trap();
+  return (smem_u32(kk_sm90_dynamic_smem) + 1023) & ~1023u;
+}
+__device__ __forceinline__ unsigned current_sm() {
+  unsigned sm;
+  asm("mov.u32 %0, %%smid;" : "=r"(sm));
+  if (sm >= unsigned(max_sms)) __trap();
+  return sm;
+}
+// Their maps (up to four) live in two slots of map memory claimed for this SM: map m in slot
+// m / 2 (map_in). One whole warp calls publish_maps: it claims the slots (their word at shared `slot_word`,
+// where every thread reads it after the next __syncthreads), zeroes the maps at shared `maps`
+// (128 bytes each), lets its lane 0 make them and set up the kernel's barriers (make()), and
+// publishes them.
+__device__ __forceinline__ void* map_in(unsigned sm, int slots, int m) {
+  return tensor_maps[sm * slots_per_sm + (m < 2 ? slots & 0xff : slots >> 8)][m & 1];
+}
+template <int Maps, class Make>
+__device__ __forceinline__ void publish_maps(unsigned sm, unsigned maps, unsigned slot_word, Make&& make) {
+  const int lane = int(threadIdx.x & 31);
+  int slots = 0;
+  if (lane == 0) {
+    slots = claim_slot(sm) | claim_slot(sm) << 8;
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot_word), "r"(slots) : "memory");
+  }
+#pragma unroll
+  for (int m = 0; m < Maps; ++m) asm volatile("st.shared.u32 [%0], 0;\n" ::"r"(maps + 128 * m + 4 * lane) : "memory");
+  __syncwarp();
+  if (lane == 0) {
+    make();
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncwarp();
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
+#pragma unroll
+  for (int m = 0; m < Maps; ++m) publish_map(map_in(sm, slots, m), maps + 128 * m);
+}
+__device__ __forceinline__ int read_slots(unsigned slot_word) {
+  int slots;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(slots) : "r"(slot_word) : "memory");
+  return slots;
+}
+__device__ __forceinline__ void release_slots(unsigned sm, int slots) {
+  release_slot(sm, slots & 0xff);
+  release_slot(sm, slots >> 8);
+}
+
 // The asm operand lists for wgmma m64nNk*, N/2 accumulators (generated; %i numbering).
 #define KK_WG_F(x) "+f"(x)
 #define KK_WG_I(x) "+r"(x)
