@@ -162,11 +162,11 @@ def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
                               output_shapes=[meta.shape, (2, 16, 256)], output_dtypes=[dtype, torch.float32],
                               template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384, 1, 1),
                               threadgroup=(384, 1, 1))
-    # Q (128 x D), 3 stages of K and V blocks of 192 keys at D = 64 (2 of 128 at D = 128), two
-    # 64 x D output buffers, barriers and maps
+    # two Q buffers (128 x D), 3 stages of K and V blocks of 192 keys at D = 64 (2 of 128 at
+    # D = 128), two 64 x D output buffers, barriers and maps
     kv = 3 * 192 * 64 * 2 if D == 64 else 2 * 128 * 128 * 2
     assert compiled.arch == "sm_90a"
-    assert tensor_ops_shared(compiled.binary) == 128 * D * 2 + 2 * kv + 64 * D * 4 + 2560
+    assert tensor_ops_shared(compiled.binary) == 2 * 128 * D * 2 + 2 * kv + 64 * D * 4 + 2560
 
 
 def test_sm90_forward_takes_only_what_tma_reads():

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
+from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions
 from . import hopper
 
@@ -57,7 +58,7 @@ _SM90_BLOCK = 128  # queries a tile
 def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
     """x (B, H, S, D) as TMA reads it, or None where it cannot: base and strides 16-byte aligned,
     nonzero and below 2**40 bytes (a size-1 dim's stride, never used, made valid)."""
-    if x.data_ptr() % 16:
+    if not aligned(x, 16):
         return None
     shape, strides, size = x.shape, list(x.stride()), x.element_size()
     inner, fixed = shape[3], False

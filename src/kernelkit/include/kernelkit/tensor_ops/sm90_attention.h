@@ -37,18 +37,19 @@
 //   B * H * ceil(Sq / 128). As persistent_gemm: no extern __shared__ of the kernel's own, and the
 //   kernel's header defines KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
 //
-// Pipeline: the producer's first thread loads each tile's Q (128 x D) once the previous tile's
-// QK^T products are done with it, then K and V blocks of BN keys (128; 192 at D = 64), each
-// through its own ring of Stages buffers (full / empty mbarriers). Consumer warpgroup g owns
-// queries [64 g, 64 g + 64) of the tile. Step j: S_j = Q K_j^T (wgmma, both from shared memory)
-// is issued, O is rescaled to the previous softmax's max under it, O += P_{j-1} V_{j-1} is
-// issued (P in registers: the scores' accumulator layout is wgmma's A fragment), then S_j's
-// softmax runs while P_{j-1} V_{j-1} is in flight. The two warpgroups take turns issuing their
-// MMAs (named barriers), so one's softmax also runs under the other's MMAs. The output leaves
-// through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the registers.
-// Measured against the alternatives (bench/notes/flash_attention.md): without the turns, -2%
-// to -12%; a second P buffer, packed under the MMAs, spills at D = 128 (ptxas then serialises
-// every wgmma).
+// Pipeline: the producer's first thread loads each tile's Q (128 x D) into one of two buffers
+// (the next tile's Q lands under this tile's steps), then K and V blocks of BN keys (128; 192 at
+// D = 64), each through its own ring of Stages buffers (full / empty mbarriers). Consumer
+// warpgroup g owns queries [64 g, 64 g + 64) of the tile. Step j: S_j = Q K_j^T (wgmma, both
+// from shared memory) is issued, O is rescaled to the previous softmax's max under it, O +=
+// P_{j-1} V_{j-1} is issued (P in registers: the scores' accumulator layout is wgmma's A
+// fragment), then S_j's softmax runs while P_{j-1} V_{j-1} is in flight. The two warpgroups take
+// turns issuing their MMAs (named barriers), so one's softmax also runs under the other's MMAs.
+// The output leaves through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the
+// registers. Measured against the alternatives (bench/notes/flash_attention.md): without the
+// turns, -2% to -12%; a single Q buffer, -1% to -4% at D = 64; a second P buffer, packed under
+// the MMAs, spills at D = 128 (ptxas then serialises every wgmma); a quarter of the exponentials
+// on the FMA pipes (FlashAttention-4's cubic), -3% to -7% at D = 64.
 #pragma once
 
 #if defined(KK_TARGET_CUDA)
@@ -67,9 +68,9 @@ struct attention_forward {
   static constexpr int DC = D / 64;                        // 128-byte chunks of a row
   static constexpr int box = 64 * 128;                     // a TMA box: 64 rows x 128 bytes
   static constexpr int q_bytes = block_q * D * 2, kv_bytes = BN * D * 2, o_bytes = 64 * D * 2;
-  // Q, the K and V rings, a consumer warpgroup's output buffer each; barriers (1024), 4 maps (512),
-  // + 1024 to align
-  static constexpr int smem_bytes = q_bytes + 2 * Stages * kv_bytes + 2 * o_bytes + 1024 + 512 + 1024;
+  // two Q buffers (a tile's and the next's), the K and V rings, a consumer warpgroup's output buffer
+  // each; barriers (1024), 4 maps (512), + 1024 to align
+  static constexpr int smem_bytes = 2 * q_bytes + 2 * Stages * kv_bytes + 2 * o_bytes + 1024 + 512 + 1024;
 
   struct operand {
     const T* p;
@@ -85,10 +86,10 @@ struct attention_forward {
 #endif
     using namespace detail;
     const unsigned base = persistent_smem<smem_bytes, threads>();
-    const unsigned ks = base + q_bytes, vs = ks + Stages * kv_bytes, outs = vs + Stages * kv_bytes;
+    const unsigned ks = base + 2 * q_bytes, vs = ks + Stages * kv_bytes, outs = vs + Stages * kv_bytes;
     const unsigned bars = outs + 2 * o_bytes, maps = bars + 1024;
-    // barriers: q full, q empty, then k full / k empty / v full / v empty rings; the slots word
-    const unsigned q_full = bars, q_empty = bars + 8, k_full = bars + 16, k_empty = k_full + 8 * Stages,
+    // barriers: q full and q empty pairs, the k full / k empty / v full / v empty rings; slots word
+    const unsigned q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = k_full + 8 * Stages,
                    v_full = k_empty + 8 * Stages, v_empty = v_full + 8 * Stages, slot_word = v_empty + 8 * Stages;
     const int t = int(threadIdx.x), warp = t >> 5;
     const unsigned sm = current_sm();
@@ -100,8 +101,11 @@ struct attention_forward {
         make(maps + 128, k, Sk, Hkv, B);
         make(maps + 256, v, Sk, Hkv, B);
         make(maps + 384, o, Sq, H, B);
-        mbar_init(q_full, 1);
-        mbar_init(q_empty, consumer_threads / 32);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mbar_init(q_full + 8 * i, 1);
+          mbar_init(q_empty + 8 * i, consumer_threads / 32);
+        }
 #pragma unroll
         for (int s = 0; s < Stages; ++s) {
           mbar_init(k_full + 8 * s, 1);
@@ -126,13 +130,15 @@ struct attention_forward {
           int b, h, q0;
           where(tile, nq, H, causal, b, h, q0);
           const int hk = h / group, blocks = key_blocks(q0, Sk, causal);
-          if (n > 0) mbar_wait(q_empty, (n - 1) & 1);
-          mbar_expect_tx(q_full, q_bytes);
+          // Q buffer n % 2: free once tile n - 2's QK^T products are done
+          const unsigned qf = q_full + 8 * (n & 1), qb = base + (n & 1) * q_bytes;
+          if (n > 1) mbar_wait(q_empty + 8 * (n & 1), ((n >> 1) - 1) & 1);
+          mbar_expect_tx(qf, q_bytes);
 #pragma unroll
           for (int c = 0; c < DC; ++c)
 #pragma unroll
             for (int r = 0; r < block_q / 64; ++r)
-              tma_load_4d(base + c * block_q * 128 + r * box, map_q, 64 * c, q0 + 64 * r, h, b, q_full);
+              tma_load_4d(qb + c * block_q * 128 + r * box, map_q, 64 * c, q0 + 64 * r, h, b, qf);
           for (int j = 0; j < blocks; ++j, ++it) {
             const int s = it % Stages, use = it / Stages;
             // K block: chunk c of 128 rows x 128 bytes (K-major B of Q K^T); V block: 64-key
@@ -163,8 +169,11 @@ struct attention_forward {
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
     if (t == 256) {
-      mbar_inval(q_full);
-      mbar_inval(q_empty);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mbar_inval(q_full + 8 * i);
+        mbar_inval(q_empty + 8 * i);
+      }
 #pragma unroll
       for (int s = 0; s < Stages; ++s) {
         mbar_inval(k_full + 8 * s);
@@ -286,7 +295,6 @@ struct attention_forward {
     const int wg = t >> 7, tw = t & 127, w = tw >> 5, lane = tw & 31, barrier = 1 + wg;
     const bool leader = lane == 0;
     const float scale2 = scale * 1.4426950408889634f;  // log2(e): exp2 does the softmax
-    const unsigned q_tile = q_smem + wg * box;           // this warpgroup's 64 rows of each Q chunk
     // The two warpgroups take turns issuing their MMAs (FlashAttention-3's ping-pong): each waits
     // on its own barrier before its S product and lets the other go once its P V is issued, so
     // one's softmax runs under the other's MMAs. Warpgroup 0 goes first.
@@ -305,7 +313,9 @@ struct attention_forward {
       // warpgroup's first row.
       const int unmasked = causal ? min(Sk / BN, (row_lo + 1) / BN) : Sk / BN;
       float m[2] = {-inf(), -inf()}, l[2] = {0.0f, 0.0f}, alpha[2];
-      mbar_wait(q_full, n & 1);
+      // this warpgroup's 64 rows of each chunk of the tile's Q buffer; its barriers
+      const unsigned q_tile = q_smem + (n & 1) * q_bytes + wg * box, qe = q_empty + 8 * (n & 1);
+      mbar_wait(q_full + 8 * (n & 1), (n >> 1) & 1);
 
       // Block 0's scores and probabilities, then the steps; P_j is packed once the MMAs are done
       // reading P_{j-1}.
@@ -321,7 +331,7 @@ struct attention_forward {
         wgmma_wait<0>();
         fence(s);
         mbar_arrive_if(k_empty + 8 * st, leader);
-        mbar_arrive_if(q_empty, leader && blocks == 1);
+        mbar_arrive_if(qe, leader && blocks == 1);
         if (unmasked > 0) softmax<false>(s, m, l, alpha, scale2, 0, row0, Sk, causal);
         else softmax<true>(s, m, l, alpha, scale2, 0, row0, Sk, causal);
 #pragma unroll
@@ -350,7 +360,7 @@ struct attention_forward {
         wgmma_wait<1>();  // S_j landed
         fence(s);
         mbar_arrive_if(k_empty + 8 * sk, leader);
-        mbar_arrive_if(q_empty, leader && j == blocks - 1);
+        mbar_arrive_if(qe, leader && j == blocks - 1);
         softmax<decltype(mask)::value>(s, m, l, alpha, scale2, j * BN, row0, Sk, causal);
         fence(s);  // the softmax stays before the wait (it does not touch memory: it could sink)
         fence(l);
