@@ -81,14 +81,12 @@ def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     if any(x is None for x in views):
         return None
     B, H, Sq, D = views[0].shape
-    tiles = B * H * -(-Sq // _SM90_BLOCK)
-    if tiles >= 2**31:  # the kernel counts tiles in 32-bit ints
+    launch = hopper.launch(dev, B * H * -(-Sq // _SM90_BLOCK))
+    if launch is None:
         return None
-    ctas = min(tiles, hopper.sm90_sms(dev))
     return _sm90_forward(inputs=[*views, float(scale), causal], template=[("T", q.dtype), ("D", D),
                                                                           ("BSHD", layout == "bshd")],
-                         output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, torch.float32],
-                         grid=(ctas * hopper.THREADS, 1, 1), threadgroup=(hopper.THREADS, 1, 1))
+                         output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, torch.float32], **launch)
 
 
 def _keys(d: int) -> int:

@@ -18,3 +18,11 @@ def sm90_sms(dev: torch.device) -> int | None:
     """The SMs of a Hopper (sm_90) GPU, None for another GPU."""
     p = torch.cuda.get_device_properties(dev)
     return p.multi_processor_count if (p.major, p.minor) == (9, 0) else None
+
+
+def launch(dev: torch.device, tiles: int) -> dict | None:
+    """grid and threadgroup of a persistent kernel over `tiles` tiles: a threadgroup an SM (or a
+    tile, if fewer); None past what its 32-bit tile counter takes."""
+    if tiles >= 2**31:
+        return None
+    return dict(grid=(min(tiles, sm90_sms(dev)) * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))

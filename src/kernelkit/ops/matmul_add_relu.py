@@ -91,14 +91,12 @@ def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     # the bias: none, pairs the layer loads under the last MMAs, or elements the epilogue loads
     pairs = c.stride(2) == 1 and c.stride(0) % 2 == 0 and c.stride(1) % 2 == 0 and aligned(c, 4)
     mode = 0 if bias is None else 1 if pairs else 2
-    tiles = a.shape[0] * -(-M // 256) * -(-N // 128)
-    if tiles >= 2**31:  # the kernel counts tiles in 32-bit ints
+    launch = hopper.launch(dev, a.shape[0] * -(-M // 256) * -(-N // 128))
+    if launch is None:
         return None
-    ctas = min(tiles, hopper.sm90_sms(dev))
     template = [("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS", mode), ("RELU", int(relu))]
     return _persistent_kernel(inputs=[a, b, c], template=template, output_shapes=[out_shape],
-                              output_dtypes=[lhs.dtype], grid=(ctas * hopper.THREADS, 1, 1),
-                              threadgroup=(hopper.THREADS, 1, 1))[0]
+                              output_dtypes=[lhs.dtype], **launch)[0]
 
 
 def _broadcast(*shapes) -> tuple:
