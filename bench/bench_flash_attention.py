@@ -74,8 +74,8 @@ def time_interleaved(fns: dict, rounds: int, target_ms: float) -> dict:
 
 def sass_counts() -> dict:
     """HGMMA / HMMA (mma.sync), shuffle, spill and MUFU counts in each kernel's SASS for bf16
-    D=128 (forward_sm90: Hopper's forward; the others: the talk-style kernels, the forward's
-    where the Hopper one does not apply), where cuobjdump is installed."""
+    D=128 (forward_sm90, backward_sm90: Hopper's; the others: the talk-style kernels, which run
+    where the Hopper ones do not apply), where cuobjdump is installed."""
     tool = shutil.which("cuobjdump")
     if tool is None:
         return {}
@@ -86,12 +86,17 @@ def sass_counts() -> dict:
     out = {}
     for name, kernel, inputs, dts in (
             ("forward_sm90", fa._sm90_forward, [meta, meta, meta, 0.1, False], [torch.bfloat16, torch.float32]),
+            ("backward_sm90", fa._sm90_backward, [meta, meta, meta, meta, acc, acc, 0.1, False],
+             [torch.float32, torch.bfloat16, torch.bfloat16]),
             ("forward", fa._forward, [meta, meta, meta, 0.1, False], [torch.bfloat16, torch.float32]),
             ("dq", fa._dq, [meta, meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16, torch.float32]),
             ("dkdv", fa._dkdv, [meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16] * 2)):
         if kernel is fa._sm90_forward:
             launch = dict(template=[("T", torch.bfloat16), ("D", 128), ("BSHD", False)], grid=(384, 1, 1),
                           threadgroup=(384, 1, 1), output_shapes=[meta.shape, acc.shape])
+        elif kernel is fa._sm90_backward:
+            launch = dict(template=[("T", torch.bfloat16), ("D", 128), ("BSHD", False)], grid=(384, 1, 1),
+                          threadgroup=(384, 1, 1), output_shapes=[(meta.numel(),), meta.shape, meta.shape])
         else:
             launch = dict(template=fa._template(torch.bfloat16, 128, "bhsd", name))
         binary = kk.compile_for(kernel, "sm_90", inputs=inputs, output_dtypes=dts, **launch).binary

@@ -169,6 +169,32 @@ def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
     assert tensor_ops_shared(compiled.binary) == 2 * 128 * D * 2 + 2 * kv + 64 * D * 4 + 2560
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128])
+def test_sm90_backward_compiles_without_spills_and_names_its_shared_memory(dtype, D, nvrtc):
+    """Hopper's warp-specialised backward (tensor_ops/sm90_attention_backward.h) and the kernels
+    around it, as an H100 launches them."""
+    from kernelkit.backends.cuda import tensor_ops_shared
+    meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
+    rows = torch.empty(2, 16, 256, dtype=torch.float32, device="meta")
+    compiled = kk.compile_for(fa._sm90_backward, "sm_90", inputs=[meta, meta, meta, meta, rows, rows, 0.1, True],
+                              output_shapes=[(2 * 16 * 256 * D,), meta.shape, meta.shape],
+                              output_dtypes=[torch.float32, dtype, dtype],
+                              template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384 * 64, 1, 1),
+                              threadgroup=(384, 1, 1))
+    # K and V (128 x D), two stages of Q, dO (64 x D) and their 64 lse2 and delta, two 128 x 64 dS^T
+    # buffers, four 64 x 64 float dQ buffers, barriers and maps
+    assert compiled.arch == "sm_90a"
+    assert tensor_ops_shared(compiled.binary) == 2 * 128 * D * 2 + 2 * (2 * 64 * D * 2 + 512) + 2 * 16384 + 4 * 16384 + 1792
+    for kernel, inputs, outs, template in (
+            (fa._sm90_prep, [meta, meta, rows, rows], [rows.shape] * 2, [("T", dtype), ("D", D)]),
+            (fa._sm90_dq, [torch.empty(2 * 16 * 256 * D, device="meta"), 0.1, 2, 16, 256], [meta.shape],
+             [("T", dtype), ("D", D), ("BSHD", True)])):
+        assert kk.compile_for(kernel, "sm_90", inputs=inputs, output_shapes=outs, template=template,
+                              output_dtypes=[torch.float32] * len(outs), grid=(256, 1, 1),
+                              threadgroup=(256, 1, 1)).binary
+
+
 def test_sm90_forward_takes_only_what_tma_reads():
     """The Hopper forward's operands: views TMA cannot read (misaligned strides or base, a stride
     of 0) go to the other path; a size-1 dim's stride is made valid."""
@@ -208,6 +234,32 @@ def test_sm90_forward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layou
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     torch.testing.assert_close(o.double(), ref_o, rtol=tol, atol=tol * max(1.0, ref_o.abs().max().item()))
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@_SM90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B, H, Hkv, Sq, Sk, D, causal, layout", [
+    (4, 16, 4, 700, 900, 128, True, "bshd"),   # GQA: a threadgroup sums over 4 query heads
+    (2, 4, 4, 300, 300, 128, True, "bhsd"),
+    (2, 8, 2, 513, 1100, 64, False, "bshd"),   # keys past the last query block
+    (2, 8, 2, 1100, 513, 64, True, "bhsd"),    # causal rows past the keys
+    (3, 5, 5, 1, 1000, 64, False, "bhsd"),     # a single query
+    (1, 3, 1, 257, 1, 128, True, "bshd"),      # a single key
+    (1, 2, 2, 128, 256, 128, False, "bhsd"),   # whole blocks
+])
+def test_sm90_backward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layout):
+    """The Hopper backward (dq, dk, dv, with the lse's cotangent too) against float64."""
+    q, k, v = _qkv(B, H, Hkv, Sq, Sk, D, dtype, torch.device("cuda"), layout, grad=True)
+    with torch.no_grad():
+        o, lse = fa._attend(q, k, v, causal, None, layout)
+        assert fa._sm90_gradients(q, k, v, o, lse, torch.randn_like(o), None, causal, D ** -0.5, layout) is not None
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    _compare(q, k, v, causal, layout, tol)
+    # a broadcast cotangent (out.sum(): stride 0), which TMA cannot read, is copied first
+    dq, = torch.autograd.grad(flash_attention(q, k, v, causal=causal, layout=layout).sum(), q)
+    ref = _reference(q, k, v, causal, layout, torch.ones_like(q), torch.zeros(fa._bhsd(q, layout).shape[:3], device=q.device))[2]
+    torch.testing.assert_close(dq.double().cpu(), ref.cpu(), rtol=tol, atol=tol * max(1.0, ref.abs().max().item()))
 
 
 @pytest.mark.gpu

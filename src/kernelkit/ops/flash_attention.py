@@ -10,7 +10,8 @@ dV (each threadgroup owns a block of keys and sums over every query head that re
 atomics. Every kernel's ops span its threadgroup (on Hopper a warpgroup's wgmma, a left-input
 cooperative tensor its register operand, the tiles read from device memory staged by the ops).
 On Hopper the 16-bit forward at D = 64 and 128 runs instead on the layer's warp-specialised
-kernel (tensor_ops/sm90_attention.h, flash_attention_sm90.cu), where TMA can read the tensors.
+kernel (tensor_ops/sm90_attention.h, flash_attention_sm90.cu), where TMA can read the tensors,
+and so does the backward (tensor_ops/sm90_attention_backward.h, flash_attention_sm90_backward.cu).
 Causal masking is top-left aligned, as torch's scaled_dot_product_attention(is_causal=True):
 query i sees keys j <= i, whatever the two lengths.
 """
@@ -49,10 +50,21 @@ _dkdv = _kernel("dkdv", ["q", "k", "v", "dout", "lse", "delta", "scale", "causal
 
 # Hopper, 16-bit types, D = 64 or 128: the layer's warp-specialised forward (a producer warpgroup
 # streaming K and V by TMA, two consumers overlapping softmax with the MMAs), one threadgroup an SM.
-_sm90_forward = cuda_kernel(name="flash_attention_sm90", input_names=["q", "k", "v", "scale", "causal"],
-                            output_names=["o", "lse"], source=_HERE.with_name("flash_attention_sm90.cu").read_text(),
-                            header=hopper.HEADER, ensure_row_contiguous=False)
-_SM90_BLOCK = 128  # queries a tile
+def _sm90_kernel(name: str, inputs: list[str], outputs: list[str]):
+    return cuda_kernel(name=f"flash_attention_{name}", input_names=inputs, output_names=outputs,
+                       source=_HERE.with_name(f"flash_attention_{name}.cu").read_text(), header=hopper.HEADER,
+                       ensure_row_contiguous=False)
+
+
+_sm90_forward = _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "lse"])
+# Its backward (tensor_ops/sm90_attention_backward.h): a threadgroup a block of keys, K and V held,
+# the query blocks streamed; the per-query inputs made before it, dq from its float sums after.
+_sm90_prep = _sm90_kernel("sm90_prep", ["o", "dout", "lse", "dlse"], ["lse2", "delta"])
+_sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "delta", "scale", "causal"],
+                              ["dq_acc", "dk", "dv"])
+_sm90_dq = _sm90_kernel("sm90_dq", ["dq_acc", "scale", "batches", "heads", "rows"], ["dq"])
+_SM90_BLOCK = 128  # queries a forward tile, keys a backward threadgroup
+_SM90_ROWS = 64    # queries a backward step
 
 
 def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
@@ -71,22 +83,56 @@ def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
     return x.as_strided(shape, strides) if fixed else x
 
 
+def _hopper(q, scale: float) -> bool:
+    """Whether the Hopper kernels take this call: 16-bit types, D = 64 or 128, on sm_90."""
+    return (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in (64, 128)
+            and scale > 0 and hopper.sm90_sms(q.device) is not None)
+
+
 def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     """(o, lse) by the Hopper kernel, or None where it does not apply."""
-    dev = q.device
-    if (dev.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128)
-            or not scale > 0 or hopper.sm90_sms(dev) is None):
+    if not _hopper(q, scale):
         return None
     views = [_tma_view(_bhsd(x, layout)) for x in (q, k, v)]
     if any(x is None for x in views):
         return None
     B, H, Sq, D = views[0].shape
-    launch = hopper.launch(dev, B * H * -(-Sq // _SM90_BLOCK))
+    launch = hopper.launch(q.device, B * H * -(-Sq // _SM90_BLOCK))
     if launch is None:
         return None
     return _sm90_forward(inputs=[*views, float(scale), causal], template=[("T", q.dtype), ("D", D),
                                                                           ("BSHD", layout == "bshd")],
                          output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, torch.float32], **launch)
+
+
+def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, layout: str):
+    """(dq, dk, dv) by the Hopper kernels, or None where they do not apply."""
+    if not _hopper(q, scale):
+        return None
+    views = [_tma_view(_bhsd(x, layout)) for x in (q, k, v)]
+    do4 = _bhsd(dout.to(q.dtype), layout)
+    do4 = _tma_view(do4) if _tma_view(do4) is not None else _tma_view(do4.contiguous())  # (a broadcast cotangent)
+    if any(x is None for x in views):
+        return None
+    B, H, Sq, D = views[0].shape
+    Hkv, Sk = views[1].shape[1:3]
+    sqp, threadgroups = -(-Sq // _SM90_ROWS) * _SM90_ROWS, -(-Sk // _SM90_BLOCK) * Hkv * B
+    if threadgroups * hopper.THREADS >= 2**31:  # past a launch's 32-bit grid
+        return None
+    dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
+    types = [("T", q.dtype), ("D", D)]
+    lse2, delta = _sm90_prep(inputs=[_bhsd(o, layout), do4, lse, dlse.expand(B, H, Sq)], template=types,
+                             output_shapes=[(B, H, sqp)] * 2, output_dtypes=[torch.float32] * 2,
+                             grid=(B * H * sqp * 32, 1, 1), threadgroup=(256, 1, 1))
+    bshd = [("BSHD", layout == "bshd")]
+    dq_acc, dk, dv = _sm90_backward(
+        inputs=[*views, do4, lse2, delta, float(scale), causal], template=types + bshd,
+        output_shapes=[(B * H * sqp * D,), k.shape, v.shape], output_dtypes=[torch.float32, q.dtype, q.dtype],
+        init_value=[0.0, None, None], grid=(threadgroups * hopper.THREADS, 1, 1),
+        threadgroup=(hopper.THREADS, 1, 1))
+    dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], template=types + bshd, output_shapes=[q.shape],
+                   output_dtypes=[q.dtype], grid=(B * H * sqp * D // 4, 1, 1), threadgroup=(256, 1, 1))
+    return dq, dk, dv
 
 
 def _keys(d: int) -> int:
@@ -188,6 +234,9 @@ def _gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float | None, l
     acc = _acc(q.dtype)
     if B * H * Sq == 0 or Sk == 0:  # nothing depends on q, k or v
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    fast = _sm90_gradients(q, k, v, o, lse, dout, dlse, causal, scale, layout)
+    if fast is not None:
+        return fast
     dlse = torch.zeros((), dtype=acc, device=q.device) if dlse is None else dlse
     q4, k4, v4 = (_rows(_bhsd(x, layout)) for x in (q, k, v))
     o4, do4 = _rows(_bhsd(o, layout)), _rows(_bhsd(dout.to(q.dtype), layout))
@@ -236,7 +285,8 @@ def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None =
 def flash_attention_backward(q, k, v, o, lse, dout, dlse=None, causal: bool = False,
                              scale: float | None = None, layout: str = "bhsd"):
     """(dq, dk, dv) from the output o and lse of the forward and the output's cotangent dout (and
-    lse's, dlse, if any): FlashAttention-2's backward, in two kernels."""
+    lse's, dlse, if any): FlashAttention-2's backward, in two kernels (on Hopper, where the
+    forward's kernel runs, FlashAttention-3's: tensor_ops/sm90_attention_backward.h)."""
     _check(q, k, v, causal, scale, layout)
     return _gradients(q, k, v, o, lse, dout, dlse, causal, scale, layout)
 

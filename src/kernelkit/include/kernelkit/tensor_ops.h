@@ -23,6 +23,7 @@
 #include "tensor_ops/warpgroup.h"           // the warpgroup path (wgmma, sm_90a)
 #include "tensor_ops/sm90_persistent.h"     // a persistent warp-specialised GEMM (library ops)
 #include "tensor_ops/sm90_attention.h"      // a warp-specialised flash-attention forward (library ops)
+#include "tensor_ops/sm90_attention_backward.h"  // its backward (library ops)
 #endif
 #include "tensor_ops/matmul2d.h"            // matmul2d, its path
 #include "tensor_ops/reduction.h"           // reduce_rows, reduce_columns

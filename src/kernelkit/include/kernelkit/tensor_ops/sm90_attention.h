@@ -57,6 +57,29 @@
 
 namespace kk::tops::sm90 {
 
+namespace detail {
+// What the attention kernels (attention_forward, attention_backward) share.
+__device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <class R, int N> __device__ __forceinline__ void fence_all(R (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_operand(r[i]);
+}
+template <bool V> struct flag {
+  static constexpr bool value = V;
+};
+// A (D, rows, heads, batches) map of 16-bit elements in 64 x 64 boxes, strides in elements.
+template <int D>
+__device__ __forceinline__ void attention_map(unsigned map, const void* p, long row, long head, long batch, int rows,
+                                              int heads, int batches) {
+  make_map<1>(map, p, D, rows, row * 2, 64, 64, heads, head * 2, batches, batch * 2);
+}
+}  // namespace detail
+
 template <class T, int D>
 struct attention_forward {
   static constexpr int E = wgmma_type<T>::id;
@@ -187,11 +210,10 @@ struct attention_forward {
 
  private:
   static constexpr int n_s = BN / 2, n_o = D / 2, n_p = BN / 4;  // a thread's scores, outputs, packed P
-  __device__ static float inf() { return __int_as_float(0x7f800000); }
 
   // A (D, rows, heads, batches) map of 64 x 64 boxes.
   __device__ static void make(unsigned map, const operand& x, int rows, int heads, int batches) {
-    detail::make_map<1>(map, x.p, D, rows, x.row * 2, 64, 64, heads, x.head * 2, batches, x.batch * 2);
+    detail::attention_map<D>(map, x.p, x.row, x.head, x.batch, rows, heads, batches);
   }
   // Tile `tile`'s batch, head and first query: the query blocks of a head are consecutive, so the
   // SMs' tiles in flight share K and V in L2; causal tiles run the longest (last) blocks first.
@@ -207,11 +229,6 @@ struct attention_forward {
     return (kend + BN - 1) / BN;
   }
 
-  __device__ static float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-  }
 
   // S = Q K^T for this warpgroup's 64 queries (q_tile: its block of the Q tile) and a K stage.
   __device__ static void qk(float (&s)[n_s], unsigned q_tile, unsigned k_tile) {
@@ -235,10 +252,6 @@ struct attention_forward {
       mma_rs<D, E, 1>(o, a, db + (((kk / 4) * DC * box + (kk % 4) * 16 * 128) >> 4), accumulate || kk > 0);
     }
   }
-  template <class R, int N> __device__ static void fence(R (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) detail::fence_operand(r[i]);
-  }
 
   // The online softmax of a block's scores in place (exponentials, log2 domain), this thread's two
   // rows' max m and partial sums l updated; returns in alpha the factors of the old state.
@@ -255,7 +268,7 @@ struct attention_forward {
 #pragma unroll
       for (int r = 0; r < 2; ++r) last[r] = (causal ? min(Sk - 1, row0 + 8 * r) : Sk - 1) - key0 - first;
 #pragma unroll
-      for (int i = 0; i < n_s; ++i) s[i] = (i >> 2) * 8 + (i & 1) > last[(i >> 1) & 1] ? -inf() : s[i];
+      for (int i = 0; i < n_s; ++i) s[i] = (i >> 2) * 8 + (i & 1) > last[(i >> 1) & 1] ? -detail::inf() : s[i];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -264,14 +277,14 @@ struct attention_forward {
       for (int i = 0; i < n_s / 4; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      alpha[r] = ex2((m[r] - mx) * scale2);
+      alpha[r] = detail::ex2((m[r] - mx) * scale2);
       m[r] = mx;
       const float ms = mx * scale2;
       float sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < n_s / 4; ++i) {
-        s[4 * i + 2 * r] = ex2(fmaf(s[4 * i + 2 * r], scale2, -ms));
-        s[4 * i + 2 * r + 1] = ex2(fmaf(s[4 * i + 2 * r + 1], scale2, -ms));
+        s[4 * i + 2 * r] = detail::ex2(fmaf(s[4 * i + 2 * r], scale2, -ms));
+        s[4 * i + 2 * r + 1] = detail::ex2(fmaf(s[4 * i + 2 * r + 1], scale2, -ms));
         sum += s[4 * i + 2 * r] + s[4 * i + 2 * r + 1];
       }
       l[r] = l[r] * alpha[r] + sum;
@@ -283,9 +296,6 @@ struct attention_forward {
     for (int i = 0; i < n_o; ++i) o[i] *= alpha[(i >> 1) & 1];
   }
 
-  template <bool V> struct flag {
-    static constexpr bool value = V;
-  };
 
   __device__ static void consume(int t, unsigned q_smem, unsigned ks, unsigned vs, unsigned out, unsigned q_full,
                                  unsigned q_empty, unsigned k_full, unsigned k_empty, unsigned v_full,
@@ -312,7 +322,7 @@ struct attention_forward {
       // Blocks from `unmasked` on need masking: they pass Sk or, causal, hold a key past this
       // warpgroup's first row.
       const int unmasked = causal ? min(Sk / BN, (row_lo + 1) / BN) : Sk / BN;
-      float m[2] = {-inf(), -inf()}, l[2] = {0.0f, 0.0f}, alpha[2];
+      float m[2] = {-detail::inf(), -detail::inf()}, l[2] = {0.0f, 0.0f}, alpha[2];
       // this warpgroup's 64 rows of each chunk of the tile's Q buffer; its barriers
       const unsigned q_tile = q_smem + (n & 1) * q_bytes + wg * box, qe = q_empty + 8 * (n & 1);
       mbar_wait(q_full + 8 * (n & 1), (n >> 1) & 1);
@@ -323,13 +333,13 @@ struct attention_forward {
         const int st = it % Stages;
         mbar_wait(k_full + 8 * st, (it / Stages) & 1);
         named_barrier(my_turn, consumer_threads);
-        fence(s);
+        detail::fence_all(s);
         wgmma_fence();
         qk(s, q_tile, ks + st * kv_bytes);
         wgmma_commit();
         named_barrier_arrive(their_turn, consumer_threads);
         wgmma_wait<0>();
-        fence(s);
+        detail::fence_all(s);
         mbar_arrive_if(k_empty + 8 * st, leader);
         mbar_arrive_if(qe, leader && blocks == 1);
         if (unmasked > 0) softmax<false>(s, m, l, alpha, scale2, 0, row0, Sk, causal);
@@ -341,7 +351,7 @@ struct attention_forward {
       const auto issue_pv = [&](int sv, bool accumulate) {
         if (accumulate) rescale(o, alpha);
         mbar_wait(v_full + 8 * sv, (it / Stages) & 1);
-        fence(o);
+        detail::fence_all(o);
         wgmma_fence();
         pv(o, p, vs + sv * kv_bytes, accumulate);
         wgmma_commit();
@@ -350,24 +360,24 @@ struct attention_forward {
         const int sk = (it + 1) % Stages, sv = it % Stages;  // block j's K stage, block j - 1's V stage
         mbar_wait(k_full + 8 * sk, ((it + 1) / Stages) & 1);
         named_barrier(my_turn, consumer_threads);
-        fence(s);
+        detail::fence_all(s);
         wgmma_fence();
         qk(s, q_tile, ks + sk * kv_bytes);
         wgmma_commit();
         issue_pv(sv, j > 1);
         named_barrier_arrive(their_turn, consumer_threads);
-        fence(p);
+        detail::fence_all(p);
         wgmma_wait<1>();  // S_j landed
-        fence(s);
+        detail::fence_all(s);
         mbar_arrive_if(k_empty + 8 * sk, leader);
         mbar_arrive_if(qe, leader && j == blocks - 1);
         softmax<decltype(mask)::value>(s, m, l, alpha, scale2, j * BN, row0, Sk, causal);
-        fence(s);  // the softmax stays before the wait (it does not touch memory: it could sink)
-        fence(l);
-        fence(alpha);
+        detail::fence_all(s);  // the softmax stays before the wait (it does not touch memory: it could sink)
+        detail::fence_all(l);
+        detail::fence_all(alpha);
         wgmma_wait<0>();
-        fence(o);
-        fence(p);  // read by the MMAs until now
+        detail::fence_all(o);
+        detail::fence_all(p);  // read by the MMAs until now
         mbar_arrive_if(v_empty + 8 * sv, leader);
 #pragma unroll
         for (int i = 0; i < n_p; ++i) p[i] = pack_pair<T>(s[2 * i], s[2 * i + 1]);
@@ -375,14 +385,14 @@ struct attention_forward {
       };
       int j = 1;
 #pragma unroll 1
-      for (; j < min(unmasked, blocks); ++j) step(j, flag<false>{});
+      for (; j < min(unmasked, blocks); ++j) step(j, detail::flag<false>{});
 #pragma unroll 1
-      for (; j < blocks; ++j) step(j, flag<true>{});
+      for (; j < blocks; ++j) step(j, detail::flag<true>{});
       {  // the last block's P V
         const int sv = it % Stages;
         issue_pv(sv, blocks > 1);
         wgmma_wait<0>();
-        fence(o);
+        detail::fence_all(o);
         mbar_arrive_if(v_empty + 8 * sv, leader);
         ++it;
       }

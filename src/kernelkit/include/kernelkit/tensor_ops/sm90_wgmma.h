@@ -212,6 +212,18 @@ __device__ __forceinline__ void tma_store_4d(const void* map, unsigned src, int 
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
+// 1-D bulk copies (bytes a multiple of 16, addresses 16-byte aligned): global -> shared,
+// completing on an mbarrier; shared floats added into global ones, in the bulk group.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// (by the threads where `pred` holds, without a branch: see mbar_arrive_if)
+__device__ __forceinline__ void bulk_reduce_add_if(float* dst, unsigned src, unsigned bytes, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"
+               "@p cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n}\n"
+               ::"l"(dst), "r"(src), "r"(bytes), "r"(int(pred)) : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
@@ -655,6 +667,12 @@ __device__ __forceinline__ unsigned scale_bits(unsigned s) {
 }
 __device__ __forceinline__ void ld_shared_v4(unsigned addr, float& x, float& y, float& z, float& w) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "r"(addr));
+}
+__device__ __forceinline__ void ld_shared_v2(unsigned addr, float& x, float& y) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
+}
+__device__ __forceinline__ void st_shared_v4(unsigned addr, float x, float y, float z, float w) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
 }  // namespace detail
 

@@ -1,0 +1,391 @@
+// kernelkit/tensor_ops/sm90_attention_backward.h: a warp-specialised flash-attention backward for
+// Hopper (FlashAttention-3's structure) in the layer, for kernels that own a whole launch
+// (kk.ops.flash_attention's backward on sm_90).
+//
+// Why beside the talk-style kernels (ops/flash_attention_dq.metal, _dkdv.metal): those recompute
+// the probabilities twice, once for dQ and once for dK / dV, and each matmul2d run there stages
+// its operands and waits for them (~190 TFLOP/s at B=4 H=16 S=4096 D=128 bf16, H100). Here one
+// threadgroup owns a block of 128 keys: it holds K and V in shared memory, a producer warpgroup
+// streams the query blocks (Q, dO, the log-sum-exps and D = rowsum(dO * O)) through a ring of
+// TMA stages, and two consumer warpgroups (64 keys each) compute the probabilities once for all
+// three gradients. dK and dV stay in registers; dQ's partial sums leave by bulk reduce-adds into
+// a float accumulator.
+//
+// The contract:
+//
+//   namespace kk::tops::sm90 {
+//   template <class T, int D>
+//   struct attention_backward {
+//     static constexpr int threads = 384;    // 2 consumer warpgroups, a producer one
+//     static constexpr int block_k = 128;    // keys a threadgroup (64 a consumer warpgroup)
+//     static constexpr int block_q = 64;     // queries a step
+//     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
+//     struct operand { const T* p; long batch, head, row; };   // strides, elements
+//     struct output { T* p; long batch, head, row; };
+//     __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& dout,
+//                                const float* lse2, const float* delta, float* dq_acc, const output& dk,
+//                                const output& dv, int B, int H, int Hkv, int Sq, int Sk, float scale,
+//                                bool causal);
+//   };
+//   }
+//
+// - T is __half or __nv_bfloat16, D 64 or 128; q, k, v as attention_forward's operands, dout as
+//   q. lse2 and delta: (B, H, Sqp) floats, Sqp = Sq rounded up to block_q, rows past Sq zero:
+//   lse2 the forward's log-sum-exp times log2(e), delta = rowsum(dout * o) minus the log-sum-exp's
+//   cotangent. The operands' limits are TMA's (the caller checks them), scale > 0.
+// - dk, dv (Sk rows, Hkv heads; d packed) are written: dk = scale * sum over the queries of dS^T Q,
+//   dv = sum of P^T dout, over every query head that reads the key head (grouped-query attention
+//   needs no reduction after). dq_acc, (B, H, Sqp / 64, 64 * D) floats zeroed by the caller,
+//   gets dS K (unscaled) added in wgmma's accumulator order: dq_coord(i) names the elements of
+//   floats 4i .. 4i + 3 of a query block's 64 * D.
+// - Launch a threadgroup for each key block, head of K and batch: a 1-D grid of
+//   ceil(Sk / 128) * Hkv * B threadgroups. As persistent_gemm: no extern __shared__ of the kernel's own, and the kernel's header
+//   defines KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 24 / 240).
+//
+// A step, for this warpgroup's 64 keys and a block of 64 queries (scores transposed, keys as rows,
+// so that P^T and dS^T are wgmma's A fragments where they lie in registers):
+//   S^T = K Q^T and dP^T = V dO^T, both issued before either is waited for;
+//   P^T = exp2(S^T * scale * log2(e) - lse2), dS^T = P^T * (dP^T - delta);
+//   dV += P^T dO and dK += dS^T Q (A from registers, B MN-major by wgmma's transpose bit);
+//   dS^T to shared memory, then dQ = dS K (at D = 128 warpgroup g takes columns [64 g, 64 g + 64)
+//   over all 128 keys; at D = 64 all columns over its own 64 keys), through shared memory in
+//   accumulator order to one bulk reduce-add.
+#pragma once
+
+#if defined(KK_TARGET_CUDA)
+#include <kernelkit/tensor_ops/sm90_attention.h>
+
+namespace kk::tops::sm90 {
+
+template <class T, int D>
+struct attention_backward {
+  static constexpr int E = wgmma_type<T>::id;
+  static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16) && (D == 64 || D == 128);
+  static constexpr int threads = 384, consumer_threads = 256, block_k = 128, block_q = 64, Stages = 2;
+  static constexpr int DC = D / 64;                         // 128-byte chunks of a row
+  static constexpr int box = 64 * 128;                      // a TMA box: 64 rows x 128 bytes
+  static constexpr int kv_bytes = block_k * D * 2;          // K or V
+  static constexpr int q_bytes = block_q * D * 2;           // a stage's Q or dO
+  static constexpr int vec_bytes = block_q * 4;             // a stage's lse2 or delta
+  static constexpr int stage_bytes = 2 * q_bytes + 2 * vec_bytes;
+  static constexpr int ds_bytes = block_k * block_q * 2;    // dS^T of both warpgroups
+  static constexpr int dq_bytes = 64 * 64 * 4;              // a warpgroup's dQ product (two buffers each)
+  // K, V; the stages; two dS^T buffers; four dQ buffers; barriers (256), 4 maps (512), + 1024 to align
+  static constexpr int smem_bytes = 2 * kv_bytes + Stages * stage_bytes + 2 * ds_bytes + 4 * dq_bytes + 256 + 512 + 1024;
+
+  struct operand {
+    const T* p;
+    long batch, head, row;  // strides, elements
+  };
+  struct output {
+    T* p;
+    long batch, head, row;
+  };
+
+  // Floats 4i .. 4i + 3 of a query block's dQ sums: elements (row, col), (row, col + 1),
+  // (row + 8, col), (row + 8, col + 1) of the block (a thread's accumulators 4v .. 4v + 3).
+  __host__ __device__ static void dq_coord(int i, int& row, int& col) {
+    const int g = i >> 10, v = (i >> 7) & 7, tw = i & 127, lane = tw & 31;
+    row = (tw >> 5) * 16 + (lane >> 2);
+    col = g * 64 + v * 8 + (lane & 3) * 2;
+  }
+
+  __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& dout,
+                             const float* lse2, const float* delta, float* dq_acc, const output& dk,
+                             const output& dv, int B, int H, int Hkv, int Sq, int Sk, float scale, bool causal) {
+    static_assert(supported, "attention_backward: 16-bit types, D = 64 or 128, on sm_90a");
+#if defined(KK_TOPS_NO_WARPGROUP)
+    static_assert(!supported, "attention_backward stages through the kernel's dynamic shared memory: a body "
+                              "with its own extern __shared__ cannot use it");
+#endif
+    using namespace detail;
+    const unsigned base = persistent_smem<smem_bytes, threads>();
+    const unsigned ks = base, vs = ks + kv_bytes, stages = vs + kv_bytes, dss = stages + Stages * stage_bytes;
+    const unsigned dqs = dss + 2 * ds_bytes, bars = dqs + 4 * dq_bytes, maps = bars + 256;
+    const unsigned kv_full = bars, full = bars + 8, empty = full + 8 * Stages, slot_word = empty + 8 * Stages;
+    const int t = int(threadIdx.x), warp = t >> 5;
+    const unsigned sm = current_sm();
+    // The key blocks of a head side by side: threadgroups in flight stream the same query blocks
+    // through L2 (causal, ordered by key block instead, longest first: the streams of ~64 heads
+    // at once miss L2, -20% at B=4 H=16 S=4096, H100).
+    const int nkb = (Sk + block_k - 1) / block_k, j = int(blockIdx.x) % nkb, r = int(blockIdx.x) / nkb;
+    const int hk = r % Hkv, b = r / Hkv, group = H / Hkv;
+    const int nqb = (Sq + block_q - 1) / block_q, sqp = nqb * block_q;
+    // causal: query blocks before the first query that sees this block's first key are skipped
+    const int qb0 = causal ? min(nqb, j * block_k / block_q) : 0, per_head = nqb - qb0, steps = group * per_head;
+
+    if (warp == 8)
+      publish_maps<4>(sm, maps, slot_word, [&] {
+        make(maps, q, Sq, H, B);
+        make(maps + 128, dout, Sq, H, B);
+        make(maps + 256, k, Sk, Hkv, B);
+        make(maps + 384, v, Sk, Hkv, B);
+        mbar_init(kv_full, 1);
+#pragma unroll
+        for (int s = 0; s < Stages; ++s) {
+          mbar_init(full + 8 * s, 1);
+          mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
+        }
+      });
+    __syncthreads();
+    const int slots = read_slots(slot_word);
+
+    if (warp >= 8) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      if (t == 256) {
+        const void *map_q = map_in(sm, slots, 0), *map_do = map_in(sm, slots, 1);
+        const void *map_k = map_in(sm, slots, 2), *map_v = map_in(sm, slots, 3);
+        acquire_map(map_q);
+        acquire_map(map_do);
+        acquire_map(map_k);
+        acquire_map(map_v);
+        // K and V: DC chunks of 128 rows x 128 bytes each
+        mbar_expect_tx(kv_full, 2 * kv_bytes);
+#pragma unroll
+        for (int c = 0; c < DC; ++c)
+#pragma unroll
+          for (int r = 0; r < block_k / 64; ++r) {
+            tma_load_4d(ks + c * block_k * 128 + r * box, map_k, 64 * c, j * block_k + 64 * r, hk, b, kv_full);
+            tma_load_4d(vs + c * block_k * 128 + r * box, map_v, 64 * c, j * block_k + 64 * r, hk, b, kv_full);
+          }
+        for (int it = 0; it < steps; ++it) {
+          const int s = it % Stages, use = it / Stages;
+          int h, qb;
+          item(it, hk * group, qb0, per_head, h, qb);
+          const unsigned st = stages + s * stage_bytes;
+          if (use > 0) mbar_wait(empty + 8 * s, (use & 1) ^ 1);
+          mbar_expect_tx(full + 8 * s, stage_bytes);
+#pragma unroll
+          for (int c = 0; c < DC; ++c) {
+            tma_load_4d(st + c * box, map_q, 64 * c, qb * block_q, h, b, full + 8 * s);
+            tma_load_4d(st + q_bytes + c * box, map_do, 64 * c, qb * block_q, h, b, full + 8 * s);
+          }
+          const long row = (long(b) * H + h) * sqp + qb * block_q;
+          bulk_load(st + 2 * q_bytes, lse2 + row, vec_bytes, full + 8 * s);
+          bulk_load(st + 2 * q_bytes + vec_bytes, delta + row, vec_bytes, full + 8 * s);
+        }
+      }
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+      consume(t, ks, vs, stages, dss, dqs + (warp >> 2) * 2 * dq_bytes, kv_full, full, empty, dq_acc, dk, dv, j, hk,
+              b, H, group, Sk, nqb, qb0, per_head, scale, causal);
+    }
+    __syncthreads();  // every copy landed and was read, every reduction read: barriers and slots are free
+    if (t == 256) {
+      mbar_inval(kv_full);
+#pragma unroll
+      for (int s = 0; s < Stages; ++s) {
+        mbar_inval(full + 8 * s);
+        mbar_inval(empty + 8 * s);
+      }
+      release_slots(sm, slots);
+    }
+  }
+
+ private:
+  static constexpr int n_s = block_q / 2, n_p = block_q / 4, n_g = D / 2, n_q = 32;  // per thread
+
+  // A (D, rows, heads, batches) map of 64 x 64 boxes.
+  __device__ static void make(unsigned map, const operand& x, int rows, int heads, int batches) {
+    detail::attention_map<D>(map, x.p, x.row, x.head, x.batch, rows, heads, batches);
+  }
+  // Accumulators a zero-initialising MMA overwrites: their old values are dead here (wgmma's asm
+  // reads every accumulator, which would keep them live, in registers, until the issue).
+  template <int N> __device__ static void overwritten(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "=f"(r[i]));
+  }
+
+  // Step `it`'s query head h and block qb: a head's blocks in order, then the next head's.
+  __device__ static void item(int it, int h0, int qb0, int per_head, int& h, int& qb) {
+    const int gi = it / per_head;
+    h = h0 + gi;
+    qb = qb0 + it - gi * per_head;
+  }
+
+  // X^T = Y_wg Z^T over D for this warpgroup's 64 rows of a 128-row K or V block (y) and a
+  // stage's Q or dO (z), both K-major.
+  __device__ static void transposed_scores(float (&x)[n_s], unsigned y, unsigned z) {
+    using namespace detail;
+    const unsigned long long da = descriptor(y, 16, 1024), db = descriptor(z, 16, 1024);
+#pragma unroll
+    for (int c = 0; c < DC; ++c)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        mma<block_q, E, E, 0, 0>(x, da + ((c * block_k * 128 + kk * 32) >> 4), db + ((c * box + kk * 32) >> 4),
+                                 c > 0 || kk > 0);
+  }
+  // g += X^T Z: X^T packed in registers (the scores' accumulator layout is the A fragment's), Z a
+  // stage's Q or dO read MN-major.
+  __device__ static void accumulate(float (&g)[n_g], const unsigned (&x)[n_p], unsigned z) {
+    using namespace detail;
+    const unsigned long long db = descriptor(z, box, 1024);
+#pragma unroll
+    for (int kk = 0; kk < block_q / 16; ++kk) {
+      const unsigned a[4] = {x[4 * kk], x[4 * kk + 1], x[4 * kk + 2], x[4 * kk + 3]};
+      mma_rs<D, E, 1>(g, a, db + ((kk * 16 * 128) >> 4), 1);
+    }
+  }
+
+  // P^T of a step in place of S^T. Mask: zero where 8 (i / 4) + i % 2 < lim[r] for element i of
+  // row r, lim the row's first query seen (every one past Sk, the key's own with causal) less this
+  // thread's first column (a compile-time choice: a branch between an MMA's issue and its wait
+  // makes ptxas wait for it there; the selects cost registers that the other steps keep).
+  template <bool Mask>
+  __device__ static void probabilities(float (&s)[n_s], unsigned lse, float scale2, const int (&lim)[2]) {
+    const int first = (threadIdx.x & 3) * 2;
+#pragma unroll
+    for (int c = 0; c < n_s / 4; ++c) {  // columns (queries) 8c + first, + 1
+      float l0, l1;
+      detail::ld_shared_v2(lse + (8 * c + first) * 4, l0, l1);
+#pragma unroll
+      for (int i = 4 * c; i < 4 * c + 4; ++i) {
+        const float x = fmaf(s[i], scale2, -(i & 1 ? l1 : l0));
+        s[i] = detail::ex2(Mask && 8 * c + (i & 1) < lim[(i >> 1) & 1] ? -detail::inf() : x);
+      }
+    }
+  }
+  // dS^T = P^T * (dP^T - delta) in place of dP^T.
+  __device__ static void dscores(const float (&p)[n_s], float (&dp)[n_s], unsigned delta) {
+    const int first = (threadIdx.x & 3) * 2;
+#pragma unroll
+    for (int c = 0; c < n_s / 4; ++c) {
+      float d0, d1;
+      detail::ld_shared_v2(delta + (8 * c + first) * 4, d0, d1);
+#pragma unroll
+      for (int i = 4 * c; i < 4 * c + 4; ++i) dp[i] = p[i] * (dp[i] - (i & 1 ? d1 : d0));
+    }
+  }
+
+  __device__ static void consume(int t, unsigned ks, unsigned vs, unsigned stages, unsigned dss, unsigned dqs,
+                                 unsigned kv_full, unsigned full, unsigned empty, float* dq_acc, const output& dk_out,
+                                 const output& dv_out, int j, int hk, int b, int H, int group, int Sk, int nqb,
+                                 int qb0, int per_head, float scale, bool causal) {
+    using namespace detail;
+    // (the warpgroup broadcast from lane 0: ptxas then knows it uniform, and keeps the operands'
+    // addresses in uniform registers)
+    const int wg = __shfl_sync(0xffffffffu, t >> 7, 0), tw = t & 127, w = tw >> 5, lane = tw & 31, steps = group * per_head;
+    const bool leader = lane == 0;
+    const float scale2 = scale * 1.4426950408889634f;  // log2(e): exp2 does the softmax
+    // this warpgroup's first key; this thread's rows: key0, key0 + 8
+    const int wkey = j * block_k + wg * 64, key0 = wkey + w * 16 + (lane >> 2);
+    // dQ's operands: at D = 128 this warpgroup's 64 columns (a chunk of K) over all the keys, at
+    // D = 64 every column over its own keys
+    constexpr int dq_keys = D == 128 ? block_k : 64;
+    const unsigned k_cols = D == 128 ? ks + wg * block_k * 128 : ks + wg * box;
+    const int dq_barrier = D == 128 ? 5 : 1 + wg, dq_threads = D == 128 ? consumer_threads : 128;
+    // Row r's first query seen: none past Sk; with causal its key (both far enough from any query
+    // that the differences below stay in range).
+    // this thread's first dS^T element in a buffer (row key0 - j * block_k, swizzled), less the buffer
+    const unsigned ds_row = (key0 - j * block_k) * 128 + ((lane >> 2) << 4) + (lane & 3) * 4;
+    int seen[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) seen[r] = key0 + 8 * r >= Sk ? 1 << 30 : causal ? key0 + 8 * r : -(1 << 30);
+
+    float dk[n_g], dv[n_g], s[n_s], dp[n_s], dq[n_q];
+    unsigned p[n_p], ds[n_p];
+#pragma unroll
+    for (int i = 0; i < n_g; ++i) dk[i] = dv[i] = 0.0f;
+    mbar_wait(kv_full, 0);
+    float* dq_dst = dq_acc;  // where the last step's dQ goes
+    const auto step = [&](int it, int h, int qb, auto mask) {
+      const unsigned qt = stages + (it % Stages) * stage_bytes, dot = qt + q_bytes, dsb = dss + (it & 1) * ds_bytes;
+      mbar_wait(full + 8 * (it % Stages), (it / Stages) & 1);
+      overwritten(s);
+      overwritten(dp);
+      wgmma_fence();
+      transposed_scores(s, ks + wg * box, qt);
+      wgmma_commit();
+      transposed_scores(dp, vs + wg * box, dot);
+      wgmma_commit();
+      // Under these MMAs, the previous step's dQ (written at its end to buffer (it - 1) % 2) to its
+      // bulk reduce-add; the reduction before that one has read buffer it % 2, written at this
+      // step's end. (Predicates, not branches: see probabilities.)
+      bulk_wait_read();  // (only the issuing thread has reductions)
+      named_barrier(1 + wg, 128);
+      bulk_reduce_add_if(dq_dst, dqs + ((it - 1) & 1) * dq_bytes, dq_bytes, tw == 0 && it > 0);
+      bulk_commit();
+      wgmma_wait<1>();  // S^T landed: its exponentials run under dP^T's MMAs
+      detail::fence_all(s);
+      const int lim[2] = {seen[0] - qb * block_q - (lane & 3) * 2, seen[1] - qb * block_q - (lane & 3) * 2};
+      probabilities<decltype(mask)::value>(s, qt + 2 * q_bytes, scale2, lim);
+      detail::fence_all(s);
+      wgmma_wait<0>();
+      detail::fence_all(dp);
+      dscores(s, dp, qt + 2 * q_bytes + vec_bytes);
+#pragma unroll
+      for (int i = 0; i < n_p; ++i) {
+        p[i] = pack_pair<T>(s[2 * i], s[2 * i + 1]);
+        ds[i] = pack_pair<T>(dp[2 * i], dp[2 * i + 1]);
+      }
+      detail::fence_all(dv);
+      detail::fence_all(dk);
+      wgmma_fence();
+      accumulate(dv, p, dot);
+      accumulate(dk, ds, qt);
+      wgmma_commit();
+      // dS^T into the buffer: rows are keys (128 bytes of queries each, swizzled), as dQ's MN-major A.
+      // Pair i is row ds_row + 8 (i % 2), 16-byte chunk i / 2 of it, at chunk (i / 2) ^ (row % 8).
+#pragma unroll
+      for (int i = 0; i < n_p; ++i) st_shared(((ds_row + dsb) ^ ((i >> 1) << 4)) + (i & 1) * 1024, ds[i]);
+      fence_proxy_async();
+      named_barrier(dq_barrier, dq_threads);  // the dS^T rows dQ reads are written
+      overwritten(dq);
+      wgmma_fence();
+      {
+        const unsigned key_off = D == 128 ? 0 : wg * box;
+        const unsigned long long da = descriptor(dsb + key_off, box, 1024), db = descriptor(k_cols, box, 1024);
+#pragma unroll
+        for (int kk = 0; kk < dq_keys / 16; ++kk)
+          mma<64, E, E, 1, 1>(dq, da + ((kk * 2048) >> 4), db + ((kk * 2048) >> 4), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dK's MMAs are done with P^T, dS^T and the stage
+      detail::fence_all(dv);
+      detail::fence_all(dk);
+      detail::fence_all(p);
+      detail::fence_all(ds);
+      mbar_arrive_if(empty + 8 * (it % Stages), leader);
+      wgmma_wait<0>();
+      detail::fence_all(dq);
+      // dQ into buffer it % 2 in accumulator order (16-byte stores, no conflicts), reduced next step
+      const unsigned dqb = dqs + (it & 1) * dq_bytes;
+#pragma unroll
+      for (int v4 = 0; v4 < n_q / 4; ++v4)
+        st_shared_v4(dqb + (v4 * 128 + tw) * 16, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
+      fence_proxy_async();
+      dq_dst = dq_acc + ((long(b) * H + h) * nqb + qb) * (64 * D) + (D == 128 ? wg * 4096 : 0);
+    };
+    // Steps that need masking: all where this warpgroup's keys pass Sk; causal, those before the
+    // first query block whose first query sees every key of this warpgroup.
+    const bool edge = wkey + 64 > Sk;
+    const int unmasked_from = causal ? (wkey + 63) / block_q + 1 : 0;
+#pragma unroll 1
+    for (int it = 0; it < steps; ++it) {
+      int h, qb;
+      item(it, hk * group, qb0, per_head, h, qb);
+      if (edge || qb < unmasked_from) step(it, h, qb, detail::flag<true>{});
+      else step(it, h, qb, detail::flag<false>{});
+    }
+    bulk_wait_read();
+    named_barrier(1 + wg, 128);
+    bulk_reduce_add_if(dq_dst, dqs + ((steps - 1) & 1) * dq_bytes, dq_bytes, tw == 0 && steps > 0);
+    bulk_commit();
+
+    // dK (scaled) and dV from the registers, a pair of columns a store; rows past Sk are not written
+#pragma unroll
+    for (int i = 0; i < n_g; i += 2) {
+      const int key = key0 + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + (lane & 3) * 2;
+      if (key < Sk) {
+        const long kr = long(b) * dk_out.batch + long(hk) * dk_out.head + long(key) * dk_out.row + col;
+        const long vr = long(b) * dv_out.batch + long(hk) * dv_out.head + long(key) * dv_out.row + col;
+        *reinterpret_cast<unsigned*>(dk_out.p + kr) = pack_pair<T>(dk[i] * scale, dk[i + 1] * scale);
+        *reinterpret_cast<unsigned*>(dv_out.p + vr) = pack_pair<T>(dv[i], dv[i + 1]);
+      }
+    }
+    bulk_wait();
+  }
+};
+
+}  // namespace kk::tops::sm90
+#endif  // KK_TARGET_CUDA
