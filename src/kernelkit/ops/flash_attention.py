@@ -110,10 +110,12 @@ def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, lay
     if not _hopper(q, scale):
         return None
     views = [_tma_view(_bhsd(x, layout)) for x in (q, k, v)]
-    do4 = _bhsd(dout.to(q.dtype), layout)
-    do4 = _tma_view(do4) if _tma_view(do4) is not None else _tma_view(do4.contiguous())  # (a broadcast cotangent)
     if any(x is None for x in views):
         return None
+    # o and dout as TMA (and the pair loads of the prep kernel) read them: a broadcast cotangent,
+    # say, copied
+    o4, do4 = (_tma_view(x) if _tma_view(x) is not None else x.contiguous()
+               for x in (_bhsd(o, layout), _bhsd(dout.to(q.dtype), layout)))
     B, H, Sq, D = views[0].shape
     Hkv, Sk = views[1].shape[1:3]
     sqp, threadgroups = -(-Sq // _SM90_ROWS) * _SM90_ROWS, -(-Sk // _SM90_BLOCK) * Hkv * B
@@ -121,7 +123,7 @@ def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, lay
         return None
     dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
     types = [("T", q.dtype), ("D", D)]
-    lse2, delta = _sm90_prep(inputs=[_bhsd(o, layout), do4, lse, dlse.expand(B, H, Sq)], template=types,
+    lse2, delta = _sm90_prep(inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], template=types,
                              output_shapes=[(B, H, sqp)] * 2, output_dtypes=[torch.float32] * 2,
                              grid=(B * H * sqp * 32, 1, 1), threadgroup=(256, 1, 1))
     bshd = [("BSHD", layout == "bshd")]
