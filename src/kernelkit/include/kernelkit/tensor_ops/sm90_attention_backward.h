@@ -39,8 +39,9 @@
 //   gets dS K (unscaled) added in wgmma's accumulator order: dq_coord(i) names the elements of
 //   floats 4i .. 4i + 3 of a query block's 64 * D.
 // - Launch a threadgroup for each key block, head of K and batch: a 1-D grid of
-//   ceil(Sk / 128) * Hkv * B threadgroups. As persistent_gemm: no extern __shared__ of the kernel's own, and the kernel's header
-//   defines KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 24 / 240).
+//   ceil(Sk / 128) * Hkv * B threadgroups (blockIdx.x = key block + blocks * (key head + Hkv *
+//   batch)). As persistent_gemm: no extern __shared__ of the kernel's own, and the kernel's
+//   header defines KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
 //
 // A step, for this warpgroup's 64 keys and a block of 64 queries (scores transposed, keys as rows,
 // so that P^T and dS^T are wgmma's A fragments where they lie in registers):
@@ -49,7 +50,7 @@
 //   dV += P^T dO and dK += dS^T Q (A from registers, B MN-major by wgmma's transpose bit);
 //   dS^T to shared memory, then dQ = dS K (at D = 128 warpgroup g takes columns [64 g, 64 g + 64)
 //   over all 128 keys; at D = 64 all columns over its own 64 keys), through shared memory in
-//   accumulator order to one bulk reduce-add.
+//   accumulator order to one bulk reduce-add, issued under the next step's S^T and dP^T.
 #pragma once
 
 #if defined(KK_TARGET_CUDA)
