@@ -83,6 +83,13 @@ def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
     return x.as_strided(shape, strides) if fixed else x
 
 
+def _tma_or_copy(x: torch.Tensor) -> torch.Tensor:
+    """x as TMA (and the prep kernel's pair loads) read it, or a packed copy: a broadcast
+    cotangent, say."""
+    view = _tma_view(x)
+    return x.contiguous() if view is None else view
+
+
 def _hopper(q, scale: float) -> bool:
     """Whether the Hopper kernels take this call: 16-bit types, D = 64 or 128, on sm_90."""
     return (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in (64, 128)
@@ -112,10 +119,7 @@ def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, lay
     views = [_tma_view(_bhsd(x, layout)) for x in (q, k, v)]
     if any(x is None for x in views):
         return None
-    # o and dout as TMA (and the pair loads of the prep kernel) read them: a broadcast cotangent,
-    # say, copied
-    o4, do4 = (_tma_view(x) if _tma_view(x) is not None else x.contiguous()
-               for x in (_bhsd(o, layout), _bhsd(dout.to(q.dtype), layout)))
+    o4, do4 = (_tma_or_copy(_bhsd(x, layout)) for x in (o, dout.to(q.dtype)))
     B, H, Sq, D = views[0].shape
     Hkv, Sk = views[1].shape[1:3]
     sqp, threadgroups = -(-Sq // _SM90_ROWS) * _SM90_ROWS, -(-Sk // _SM90_BLOCK) * Hkv * B

@@ -72,6 +72,33 @@ template <class R, int N> __device__ __forceinline__ void fence_all(R (&r)[N]) {
 template <bool V> struct flag {
   static constexpr bool value = V;
 };
+// acc = A B^T over D (DC 128-byte chunks of it) for 16-bit A (64 rows) and B (N rows), both K-major
+// and swizzled, chunk c of A at a + c * a_chunk bytes and of B at b + c * b_chunk: the scores.
+template <int N, int E, int DC>
+__device__ __forceinline__ void scores(float (&acc)[N / 2], unsigned a, unsigned a_chunk, unsigned b,
+                                       unsigned b_chunk) {
+  const unsigned long long da = descriptor(a, 16, 1024), db = descriptor(b, 16, 1024);
+#pragma unroll
+  for (int c = 0; c < DC; ++c)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma<N, E, E, 0, 0>(acc, da + ((c * a_chunk + kk * 32) >> 4), db + ((c * b_chunk + kk * 32) >> 4),
+                         c > 0 || kk > 0);
+}
+// acc (+)= P X over K rows: P packed in registers (the scores' accumulator layout is wgmma's A
+// fragment), X (K x D) read MN-major (wgmma's transpose bit) from 64-row chunks of DC slabs of
+// 64 x 64 (a box each).
+template <int D, int E, int K>
+__device__ __forceinline__ void register_product(float (&acc)[D / 2], const unsigned (&p)[K / 4], unsigned x,
+                                                 bool accumulate) {
+  constexpr int DC = D / 64, box = 64 * 128;
+  const unsigned long long db = descriptor(x, box, 1024);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    const unsigned a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    mma_rs<D, E, 1>(acc, a, db + (((kk / 4) * DC * box + (kk % 4) * 16 * 128) >> 4), accumulate || kk > 0);
+  }
+}
 // A (D, rows, heads, batches) map of 16-bit elements in 64 x 64 boxes, strides in elements.
 template <int D>
 __device__ __forceinline__ void attention_map(unsigned map, const void* p, long row, long head, long batch, int rows,
@@ -124,18 +151,9 @@ struct attention_forward {
         make(maps + 128, k, Sk, Hkv, B);
         make(maps + 256, v, Sk, Hkv, B);
         make(maps + 384, o, Sq, H, B);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          mbar_init(q_full + 8 * i, 1);
-          mbar_init(q_empty + 8 * i, consumer_threads / 32);
-        }
-#pragma unroll
-        for (int s = 0; s < Stages; ++s) {
-          mbar_init(k_full + 8 * s, 1);
-          mbar_init(v_full + 8 * s, 1);
-          mbar_init(k_empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
-          mbar_init(v_empty + 8 * s, consumer_threads / 32);
-        }
+        ring_init(q_full, q_empty, 2, consumer_threads / 32);
+        ring_init(k_full, k_empty, Stages, consumer_threads / 32);
+        ring_init(v_full, v_empty, Stages, consumer_threads / 32);
       });
     __syncthreads();
     const int slots = read_slots(slot_word);
@@ -192,18 +210,9 @@ struct attention_forward {
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
     if (t == 256) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        mbar_inval(q_full + 8 * i);
-        mbar_inval(q_empty + 8 * i);
-      }
-#pragma unroll
-      for (int s = 0; s < Stages; ++s) {
-        mbar_inval(k_full + 8 * s);
-        mbar_inval(k_empty + 8 * s);
-        mbar_inval(v_full + 8 * s);
-        mbar_inval(v_empty + 8 * s);
-      }
+      ring_inval(q_full, q_empty, 2);
+      ring_inval(k_full, k_empty, Stages);
+      ring_inval(v_full, v_empty, Stages);
       release_slots(sm, slots);
     }
   }
@@ -229,29 +238,6 @@ struct attention_forward {
     return (kend + BN - 1) / BN;
   }
 
-
-  // S = Q K^T for this warpgroup's 64 queries (q_tile: its block of the Q tile) and a K stage.
-  __device__ static void qk(float (&s)[n_s], unsigned q_tile, unsigned k_tile) {
-    using namespace detail;
-    const unsigned long long da = descriptor(q_tile, 16, 1024), db = descriptor(k_tile, 16, 1024);
-#pragma unroll
-    for (int c = 0; c < DC; ++c)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        mma<BN, E, E, 0, 0>(s, da + ((c * block_q * 128 + kk * 32) >> 4), db + ((c * BN * 128 + kk * 32) >> 4),
-                            c > 0 || kk > 0);
-  }
-  // O (+)= P V for a V stage: P the packed probabilities (the scores' accumulator layout is the A
-  // fragment's), V MN-major (wgmma's transpose bit).
-  __device__ static void pv(float (&o)[n_o], const unsigned (&p)[n_p], unsigned v_tile, bool accumulate) {
-    using namespace detail;
-    const unsigned long long db = descriptor(v_tile, box, 1024);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const unsigned a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      mma_rs<D, E, 1>(o, a, db + (((kk / 4) * DC * box + (kk % 4) * 16 * 128) >> 4), accumulate || kk > 0);
-    }
-  }
 
   // The online softmax of a block's scores in place (exponentials, log2 domain), this thread's two
   // rows' max m and partial sums l updated; returns in alpha the factors of the old state.
@@ -335,7 +321,7 @@ struct attention_forward {
         named_barrier(my_turn, consumer_threads);
         detail::fence_all(s);
         wgmma_fence();
-        qk(s, q_tile, ks + st * kv_bytes);
+        detail::scores<BN, E, DC>(s, q_tile, block_q * 128, ks + st * kv_bytes, BN * 128);
         wgmma_commit();
         named_barrier_arrive(their_turn, consumer_threads);
         wgmma_wait<0>();
@@ -353,7 +339,7 @@ struct attention_forward {
         mbar_wait(v_full + 8 * sv, (it / Stages) & 1);
         detail::fence_all(o);
         wgmma_fence();
-        pv(o, p, vs + sv * kv_bytes, accumulate);
+        detail::register_product<D, E, BN>(o, p, vs + sv * kv_bytes, accumulate);
         wgmma_commit();
       };
       const auto step = [&](int j, auto mask) {
@@ -362,7 +348,7 @@ struct attention_forward {
         named_barrier(my_turn, consumer_threads);
         detail::fence_all(s);
         wgmma_fence();
-        qk(s, q_tile, ks + sk * kv_bytes);
+        detail::scores<BN, E, DC>(s, q_tile, block_q * 128, ks + sk * kv_bytes, BN * 128);
         wgmma_commit();
         issue_pv(sv, j > 1);
         named_barrier_arrive(their_turn, consumer_threads);

@@ -122,11 +122,7 @@ struct attention_backward {
         make(maps + 256, k, Sk, Hkv, B);
         make(maps + 384, v, Sk, Hkv, B);
         mbar_init(kv_full, 1);
-#pragma unroll
-        for (int s = 0; s < Stages; ++s) {
-          mbar_init(full + 8 * s, 1);
-          mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
-        }
+        ring_init(full, empty, Stages, consumer_threads / 32);
       });
     __syncthreads();
     const int slots = read_slots(slot_word);
@@ -174,11 +170,7 @@ struct attention_backward {
     __syncthreads();  // every copy landed and was read, every reduction read: barriers and slots are free
     if (t == 256) {
       mbar_inval(kv_full);
-#pragma unroll
-      for (int s = 0; s < Stages; ++s) {
-        mbar_inval(full + 8 * s);
-        mbar_inval(empty + 8 * s);
-      }
+      ring_inval(full, empty, Stages);
       release_slots(sm, slots);
     }
   }
@@ -202,30 +194,6 @@ struct attention_backward {
     const int gi = it / per_head;
     h = h0 + gi;
     qb = qb0 + it - gi * per_head;
-  }
-
-  // X^T = Y_wg Z^T over D for this warpgroup's 64 rows of a 128-row K or V block (y) and a
-  // stage's Q or dO (z), both K-major.
-  __device__ static void transposed_scores(float (&x)[n_s], unsigned y, unsigned z) {
-    using namespace detail;
-    const unsigned long long da = descriptor(y, 16, 1024), db = descriptor(z, 16, 1024);
-#pragma unroll
-    for (int c = 0; c < DC; ++c)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        mma<block_q, E, E, 0, 0>(x, da + ((c * block_k * 128 + kk * 32) >> 4), db + ((c * box + kk * 32) >> 4),
-                                 c > 0 || kk > 0);
-  }
-  // g += X^T Z: X^T packed in registers (the scores' accumulator layout is the A fragment's), Z a
-  // stage's Q or dO read MN-major.
-  __device__ static void accumulate(float (&g)[n_g], const unsigned (&x)[n_p], unsigned z) {
-    using namespace detail;
-    const unsigned long long db = descriptor(z, box, 1024);
-#pragma unroll
-    for (int kk = 0; kk < block_q / 16; ++kk) {
-      const unsigned a[4] = {x[4 * kk], x[4 * kk + 1], x[4 * kk + 2], x[4 * kk + 3]};
-      mma_rs<D, E, 1>(g, a, db + ((kk * 16 * 128) >> 4), 1);
-    }
   }
 
   // P^T of a step in place of S^T. Mask: zero where 8 (i / 4) + i % 2 < lim[r] for element i of
@@ -275,13 +243,14 @@ struct attention_backward {
     constexpr int dq_keys = D == 128 ? block_k : 64;
     const unsigned k_cols = D == 128 ? ks + wg * block_k * 128 : ks + wg * box;
     const int dq_barrier = D == 128 ? 5 : 1 + wg, dq_threads = D == 128 ? consumer_threads : 128;
-    // Row r's first query seen: none past Sk; with causal its key (both far enough from any query
-    // that the differences below stay in range).
     // this thread's first dS^T element in a buffer (row key0 - j * block_k, swizzled), less the buffer
     const unsigned ds_row = (key0 - j * block_k) * 128 + ((lane >> 2) << 4) + (lane & 3) * 4;
+    // Row r's first query seen (none past Sk; with causal its key: both far enough from any query
+    // that the differences below stay in range), less this thread's first column.
     int seen[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) seen[r] = key0 + 8 * r >= Sk ? 1 << 30 : causal ? key0 + 8 * r : -(1 << 30);
+    for (int r = 0; r < 2; ++r)
+      seen[r] = (key0 + 8 * r >= Sk ? 1 << 30 : causal ? key0 + 8 * r : -(1 << 30)) - (lane & 3) * 2;
 
     float dk[n_g], dv[n_g], s[n_s], dp[n_s], dq[n_q];
     unsigned p[n_p], ds[n_p];
@@ -295,9 +264,9 @@ struct attention_backward {
       overwritten(s);
       overwritten(dp);
       wgmma_fence();
-      transposed_scores(s, ks + wg * box, qt);
+      detail::scores<block_q, E, DC>(s, ks + wg * box, block_k * 128, qt, box);  // S^T = K Q^T
       wgmma_commit();
-      transposed_scores(dp, vs + wg * box, dot);
+      detail::scores<block_q, E, DC>(dp, vs + wg * box, block_k * 128, dot, box);  // dP^T = V dO^T
       wgmma_commit();
       // Under these MMAs, the previous step's dQ (written at its end to buffer (it - 1) % 2) to its
       // bulk reduce-add; the reduction before that one has read buffer it % 2, written at this
@@ -308,7 +277,7 @@ struct attention_backward {
       bulk_commit();
       wgmma_wait<1>();  // S^T landed: its exponentials run under dP^T's MMAs
       detail::fence_all(s);
-      const int lim[2] = {seen[0] - qb * block_q - (lane & 3) * 2, seen[1] - qb * block_q - (lane & 3) * 2};
+      const int lim[2] = {seen[0] - qb * block_q, seen[1] - qb * block_q};
       probabilities<decltype(mask)::value>(s, qt + 2 * q_bytes, scale2, lim);
       detail::fence_all(s);
       wgmma_wait<0>();
@@ -322,8 +291,8 @@ struct attention_backward {
       detail::fence_all(dv);
       detail::fence_all(dk);
       wgmma_fence();
-      accumulate(dv, p, dot);
-      accumulate(dk, ds, qt);
+      detail::register_product<D, E, block_q>(dv, p, dot, true);  // dV += P^T dO
+      detail::register_product<D, E, block_q>(dk, ds, qt, true);  // dK += dS^T Q
       wgmma_commit();
       // dS^T into the buffer: rows are keys (128 bytes of queries each, swizzled), as dQ's MN-major A.
       // Pair i is row ds_row + 8 (i % 2), 16-byte chunk i / 2 of it, at chunk (i / 2) ^ (row % 8).

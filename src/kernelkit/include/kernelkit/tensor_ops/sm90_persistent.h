@@ -109,11 +109,7 @@ struct persistent_gemm {
         if (KB) make_map<et>(maps + 128, b.p, K, N, b.row_stride * 2, BK, BN, b.batches, batch_bytes(b, N));
         else make_map<et>(maps + 128, b.p, N, K, b.row_stride * 2, 64, BK, b.batches, batch_bytes(b, K));
         make_map<et>(maps + 256, c, N, M, (unsigned long long)N * 2, 64, 128, batches, (unsigned long long)M * N * 2);
-#pragma unroll
-        for (int s = 0; s < Stages; ++s) {
-          mbar_init(full + 8 * s, 1);
-          mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival a consumer warp
-        }
+        ring_init(full, empty, Stages, consumer_threads / 32);
       });
     __syncthreads();
     const int slots = read_slots(slot_word);
@@ -150,11 +146,7 @@ struct persistent_gemm {
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
     if (t == 256) {
-#pragma unroll
-      for (int s = 0; s < Stages; ++s) {
-        mbar_inval(full + 8 * s);
-        mbar_inval(empty + 8 * s);
-      }
+      ring_inval(full, empty, Stages);
       release_slots(sm, slots);
     }
   }

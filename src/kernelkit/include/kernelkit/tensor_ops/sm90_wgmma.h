@@ -180,6 +180,23 @@ __device__ __forceinline__ void mbar_arrive_if(unsigned bar, bool pred) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n"
                ::"r"(bar), "r"(int(pred)) : "memory");
 }
+// A ring of n full / empty barrier pairs, each 8 bytes after the last: full completes on one
+// arrival (with its transaction bytes), empty on `releasers` (one a consumer warp); and their
+// invalidation once the kernel is done with them.
+__device__ __forceinline__ void ring_init(unsigned full, unsigned empty, int n, unsigned releasers) {
+#pragma unroll
+  for (int s = 0; s < n; ++s) {
+    mbar_init(full + 8 * s, 1);
+    mbar_init(empty + 8 * s, releasers);
+  }
+}
+__device__ __forceinline__ void ring_inval(unsigned full, unsigned empty, int n) {
+#pragma unroll
+  for (int s = 0; s < n; ++s) {
+    mbar_inval(full + 8 * s);
+    mbar_inval(empty + 8 * s);
+  }
+}
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred done;\nKK_WAIT:\n"
@@ -987,11 +1004,7 @@ struct warpgroup_gemm {
       if (t == 0) {
         acquire_map(ga);
         acquire_map(gb);
-#pragma unroll
-        for (int s = 0; s < Stages; ++s) {
-          mbar_init(full + 8 * s, 1);
-          mbar_init(empty + 8 * s, 4 * WG);  // one arrival per warp
-        }
+        ring_init(full, empty, Stages, 4 * WG);  // one arrival per warp
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       }
       if constexpr (Scaled) {
@@ -1039,11 +1052,7 @@ struct warpgroup_gemm {
       for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
       named_barrier(barrier, threads);  // every copy landed and was read: barriers and slot are free
       if (t == 0) {
-#pragma unroll
-        for (int s = 0; s < Stages; ++s) {
-          mbar_inval(full + 8 * s);
-          mbar_inval(empty + 8 * s);
-        }
+        ring_inval(full, empty, Stages);
         release_slot(sm, slot);
       }
       return;
