@@ -159,7 +159,8 @@ def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
     from kernelkit.backends.cuda import tensor_ops_shared
     meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
     compiled = kk.compile_for(fa._sm90_forward, "sm_90", inputs=[meta, meta, meta, 0.1, True],
-                              output_shapes=[meta.shape, (2, 16, 256)], output_dtypes=[dtype, torch.float32],
+                              output_shapes=[meta.shape, (2, 16, 256), (1,)],
+                              output_dtypes=[dtype, torch.float32, torch.int32],
                               template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384, 1, 1),
                               threadgroup=(384, 1, 1))
     # two Q buffers (128 x D), 3 stages of K and V blocks of 192 keys at D = 64 (2 of 128 at
@@ -177,19 +178,18 @@ def test_sm90_backward_compiles_without_spills_and_names_its_shared_memory(dtype
     from kernelkit.backends.cuda import tensor_ops_shared
     meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
     rows = torch.empty(2, 16, 256, dtype=torch.float32, device="meta")
-    compiled = kk.compile_for(fa._sm90_backward, "sm_90", inputs=[meta, meta, meta, meta, rows, rows, 0.1, True],
-                              output_shapes=[(2 * 16 * 256 * D,), meta.shape, meta.shape],
-                              output_dtypes=[torch.float32, dtype, dtype],
-                              template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384 * 64, 1, 1),
+    sums = torch.empty(2 * 16 * 256 * D + 4, device="meta")
+    compiled = kk.compile_for(fa._sm90_backward, "sm_90", inputs=[meta, meta, meta, meta, rows, rows, sums, 0.1, True],
+                              output_shapes=[meta.shape, meta.shape], output_dtypes=[dtype, dtype],
+                              template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384 * 132, 1, 1),
                               threadgroup=(384, 1, 1))
     # K and V (128 x D), two stages of Q, dO (64 x D) and their 64 lse2 and delta, two 128 x 64 dS^T
     # buffers, four 64 x 64 float dQ buffers, barriers and maps
     assert compiled.arch == "sm_90a"
     assert tensor_ops_shared(compiled.binary) == 2 * 128 * D * 2 + 2 * (2 * 64 * D * 2 + 512) + 2 * 16384 + 4 * 16384 + 1792
     for kernel, inputs, outs, template in (
-            (fa._sm90_prep, [meta, meta, rows, rows], [rows.shape] * 2, [("T", dtype), ("D", D)]),
-            (fa._sm90_dq, [torch.empty(2 * 16 * 256 * D, device="meta"), 0.1, 2, 16, 256], [meta.shape],
-             [("T", dtype), ("D", D), ("BSHD", True)])):
+            (fa._sm90_prep, [meta, meta, rows, rows], [rows.shape, rows.shape, sums.shape], [("T", dtype), ("D", D)]),
+            (fa._sm90_dq, [sums, 0.1, 2, 16, 256], [meta.shape], [("T", dtype), ("D", D), ("BSHD", True)])):
         assert kk.compile_for(kernel, "sm_90", inputs=inputs, output_shapes=outs, template=template,
                               output_dtypes=[torch.float32] * len(outs), grid=(256, 1, 1),
                               threadgroup=(256, 1, 1)).binary
@@ -197,7 +197,7 @@ def test_sm90_backward_compiles_without_spills_and_names_its_shared_memory(dtype
 
 def test_sm90_forward_takes_only_what_tma_reads():
     """The Hopper forward's operands: views TMA cannot read (misaligned strides or base, a stride
-    of 0) go to the other path; a size-1 dim's stride is made valid."""
+    of 0, the last dim not packed) go to the other path; a size-1 dim's stride is made valid."""
     x = torch.empty(2, 3, 5, 64, dtype=torch.bfloat16)
     assert fa._tma_view(x) is not None
     assert fa._tma_view(x[..., 1:, :]) is not None                     # rows off the base: 128 bytes
@@ -205,6 +205,7 @@ def test_sm90_forward_takes_only_what_tma_reads():
     assert fa._tma_view(torch.empty(2, 3, 5, 68, dtype=torch.bfloat16)[..., :64]) is None  # 136-byte rows
     assert fa._tma_view(torch.empty(x.numel() + 4, dtype=x.dtype)[4:].view(x.shape)) is None  # base off 16 bytes
     assert fa._tma_view(x[:, :1].expand(2, 3, 5, 64)) is None          # a broadcast head
+    assert fa._tma_view(torch.empty(2, 3, 5, 128, dtype=torch.bfloat16)[..., ::2]) is None  # D not packed
     one = torch.empty(1, 1, 5, 64, dtype=torch.bfloat16).as_strided((1, 1, 5, 64), (7, 3, 64, 1))
     assert fa._tma_view(one).stride() == (320, 320, 64, 1)
 

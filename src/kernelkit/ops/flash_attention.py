@@ -56,21 +56,22 @@ def _sm90_kernel(name: str, inputs: list[str], outputs: list[str]):
                        ensure_row_contiguous=False)
 
 
-_sm90_forward = _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "lse"])
+_sm90_forward = _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "lse", "next_tile"])
 # Its backward (tensor_ops/sm90_attention_backward.h): a threadgroup a block of keys, K and V held,
 # the query blocks streamed; the per-query inputs made before it, dq from its float sums after.
-_sm90_prep = _sm90_kernel("sm90_prep", ["o", "dout", "lse", "dlse"], ["lse2", "delta"])
-_sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "delta", "scale", "causal"],
-                              ["dq_acc", "dk", "dv"])
+_sm90_prep = _sm90_kernel("sm90_prep", ["o", "dout", "lse", "dlse"], ["lse2", "delta", "dq_acc"])
+_sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "delta", "dq_acc", "scale", "causal"],
+                              ["dk", "dv"])
 _sm90_dq = _sm90_kernel("sm90_dq", ["dq_acc", "scale", "batches", "heads", "rows"], ["dq"])
 _SM90_BLOCK = 128  # queries a forward tile, keys a backward threadgroup
 _SM90_ROWS = 64    # queries a backward step
 
 
 def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
-    """x (B, H, S, D) as TMA reads it, or None where it cannot: base and strides 16-byte aligned,
-    nonzero and below 2**40 bytes (a size-1 dim's stride, never used, made valid)."""
-    if not aligned(x, 16):
+    """x (B, H, S, D) as TMA reads it, or None where it cannot: the last dim packed, base and
+    strides 16-byte aligned, nonzero and below 2**40 bytes (a size-1 dim's stride, never used,
+    made valid)."""
+    if not aligned(x, 16) or x.stride(3) != 1:
         return None
     shape, strides, size = x.shape, list(x.stride()), x.element_size()
     inner, fixed = shape[3], False
@@ -107,9 +108,13 @@ def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     launch = hopper.launch(q.device, B * H * -(-Sq // _SM90_BLOCK))
     if launch is None:
         return None
-    return _sm90_forward(inputs=[*views, float(scale), causal], template=[("T", q.dtype), ("D", D),
-                                                                          ("BSHD", layout == "bshd")],
-                         output_shapes=[q.shape, (B, H, Sq)], output_dtypes=[q.dtype, torch.float32], **launch)
+    o, lse, _ = _sm90_forward(inputs=[*views, float(scale), causal],
+                              template=[("T", q.dtype), ("D", D), ("BSHD", layout == "bshd")],
+                              output_shapes=[q.shape, (B, H, Sq), (1,)],
+                              output_dtypes=[q.dtype, torch.float32, torch.int32],
+                              init_value=[None, None, 0 if causal else None],
+                              **launch)  # (next_tile: the threadgroups' tile counter, causal only)
+    return o, lse
 
 
 def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, layout: str):
@@ -122,20 +127,19 @@ def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, lay
     o4, do4 = (_tma_or_copy(_bhsd(x, layout)) for x in (o, dout.to(q.dtype)))
     B, H, Sq, D = views[0].shape
     Hkv, Sk = views[1].shape[1:3]
-    sqp, threadgroups = -(-Sq // _SM90_ROWS) * _SM90_ROWS, -(-Sk // _SM90_BLOCK) * Hkv * B
-    if threadgroups * hopper.THREADS >= 2**31:  # past a launch's 32-bit grid
+    sqp = -(-Sq // _SM90_ROWS) * _SM90_ROWS
+    launch = hopper.launch(q.device, -(-Sk // _SM90_BLOCK) * Hkv * B)
+    if launch is None:
         return None
     dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
     types = [("T", q.dtype), ("D", D)]
-    lse2, delta = _sm90_prep(inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], template=types,
-                             output_shapes=[(B, H, sqp)] * 2, output_dtypes=[torch.float32] * 2,
-                             grid=(B * H * sqp * 32, 1, 1), threadgroup=(256, 1, 1))
+    lse2, delta, dq_acc = _sm90_prep(  # (dq_acc: the backward's float sums, zeroed, and its tile counter)
+        inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], template=types,
+        output_shapes=[(B, H, sqp), (B, H, sqp), (B * H * sqp * D + 4,)], output_dtypes=[torch.float32] * 3,
+        grid=(B * H * sqp * D // 8, 1, 1), threadgroup=(256, 1, 1))
     bshd = [("BSHD", layout == "bshd")]
-    dq_acc, dk, dv = _sm90_backward(
-        inputs=[*views, do4, lse2, delta, float(scale), causal], template=types + bshd,
-        output_shapes=[(B * H * sqp * D,), k.shape, v.shape], output_dtypes=[torch.float32, q.dtype, q.dtype],
-        init_value=[0.0, None, None], grid=(threadgroups * hopper.THREADS, 1, 1),
-        threadgroup=(hopper.THREADS, 1, 1))
+    dk, dv = _sm90_backward(inputs=[*views, do4, lse2, delta, dq_acc, float(scale), causal], template=types + bshd,
+                            output_shapes=[k.shape, v.shape], output_dtypes=[q.dtype, q.dtype], **launch)
     dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], template=types + bshd, output_shapes=[q.shape],
                    output_dtypes=[q.dtype], grid=(B * H * sqp * D // 4, 1, 1), threadgroup=(256, 1, 1))
     return dq, dk, dv
@@ -225,7 +229,7 @@ def _attend(q, k, v, causal: bool, scale: float | None, layout: str):
         return torch.zeros_like(q, memory_format=torch.contiguous_format), lse
     fast = _sm90(q, k, v, causal, scale, layout)
     if fast is not None:
-        return tuple(fast)
+        return fast
     o, lse = _forward(inputs=[_rows(_bhsd(q, layout)), _rows(_bhsd(k, layout)), _rows(_bhsd(v, layout)),
                               _scale(scale, acc, q.device), causal],
                       template=_template(q.dtype, D, layout, "forward"), output_shapes=[q.shape, (B, H, Sq)],

@@ -20,8 +20,8 @@
 //     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
 //     struct operand { const T* p; long batch, head, row; };   // strides, elements
 //     __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& o,
-//                                float* lse, int B, int H, int Hkv, int Sq, int Sk, float scale,
-//                                bool causal);
+//                                float* lse, int* next_tile, int B, int H, int Hkv, int Sq, int Sk,
+//                                float scale, bool causal);
 //   };
 //   }
 //
@@ -34,11 +34,14 @@
 //   torch's is_causal). lse[(b * H + h) * Sq + i] = the natural log of row i's sum of
 //   exp(scores * scale).
 // - Every thread of the threadgroup calls run; launch min(tiles, SMs) threadgroups, tiles =
-//   B * H * ceil(Sq / 128). As persistent_gemm: no extern __shared__ of the kernel's own, and the
-//   kernel's header defines KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
+//   B * H * ceil(Sq / 128); next_tile points to an int the caller zeroed. As persistent_gemm: no
+//   extern __shared__ of the kernel's own, and the kernel's header defines
+//   KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
 //
-// Pipeline: the producer's first thread loads each tile's Q (128 x D) into one of two buffers
-// (the next tile's Q lands under this tile's steps), then K and V blocks of BN keys (128; 192 at
+// Pipeline: the producer's first thread takes the tiles in order from a counter (with causal the
+// tiles' lengths differ: dealt round-robin, the SMs' shares differed by up to 12% at B=4 H=16
+// S=4096) and loads each one's Q (128 x D) into one of two buffers, with the tile's index
+// beside it (the next tile's Q lands under this tile's steps), then K and V blocks of BN keys (128; 192 at
 // D = 64), each through its own ring of Stages buffers (full / empty mbarriers). Consumer
 // warpgroup g owns queries [64 g, 64 g + 64) of the tile. Step j: S_j = Q K_j^T (wgmma, both
 // from shared memory) is issued, O is rescaled to the previous softmax's max under it, O +=
@@ -99,6 +102,12 @@ __device__ __forceinline__ void register_product(float (&acc)[D / 2], const unsi
     mma_rs<D, E, 1>(acc, a, db + (((kk / 4) * DC * box + (kk % 4) * 16 * 128) >> 4), accumulate || kk > 0);
   }
 }
+// A persistent threadgroup's next tile after `tile`. Causal tiles differ in length: they are
+// taken in order from the counter (dealt round-robin, the SMs' shares differed by up to 12% at
+// B=4 H=16 S=4096); tiles all alike are dealt round-robin.
+__device__ __forceinline__ int take_tile(int tile, int* counter, bool causal) {
+  return causal ? int(gridDim.x) + atomicAdd(counter, 1) : tile + int(gridDim.x);
+}
 // A (D, rows, heads, batches) map of 16-bit elements in 64 x 64 boxes, strides in elements.
 template <int D>
 __device__ __forceinline__ void attention_map(unsigned map, const void* p, long row, long head, long batch, int rows,
@@ -128,7 +137,7 @@ struct attention_forward {
   };
 
   __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& o, float* lse,
-                             int B, int H, int Hkv, int Sq, int Sk, float scale, bool causal) {
+                             int* next_tile, int B, int H, int Hkv, int Sq, int Sk, float scale, bool causal) {
     static_assert(supported, "attention_forward: 16-bit types, D = 64 or 128, on sm_90a");
 #if defined(KK_TOPS_NO_WARPGROUP)
     static_assert(!supported, "attention_forward stages through the kernel's dynamic shared memory: a body "
@@ -138,9 +147,11 @@ struct attention_forward {
     const unsigned base = persistent_smem<smem_bytes, threads>();
     const unsigned ks = base + 2 * q_bytes, vs = ks + Stages * kv_bytes, outs = vs + Stages * kv_bytes;
     const unsigned bars = outs + 2 * o_bytes, maps = bars + 1024;
-    // barriers: q full and q empty pairs, the k full / k empty / v full / v empty rings; slots word
+    // barriers: q full and q empty pairs, the k full / k empty / v full / v empty rings; slots
+    // word; the tile of each Q buffer (index, batch, head, first query: 16 bytes)
     const unsigned q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = k_full + 8 * Stages,
-                   v_full = k_empty + 8 * Stages, v_empty = v_full + 8 * Stages, slot_word = v_empty + 8 * Stages;
+                   v_full = k_empty + 8 * Stages, v_empty = v_full + 8 * Stages, slot_word = v_empty + 8 * Stages,
+                   tile_slots = slot_word + 16;
     const int t = int(threadIdx.x), warp = t >> 5;
     const unsigned sm = current_sm();
 
@@ -166,14 +177,22 @@ struct attention_forward {
         acquire_map(map_q);
         acquire_map(map_k);
         acquire_map(map_v);
-        int it = 0, n = 0;
-        for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
-          int b, h, q0;
-          where(tile, nq, H, causal, b, h, q0);
-          const int hk = h / group, blocks = key_blocks(q0, Sk, causal);
-          // Q buffer n % 2: free once tile n - 2's QK^T products are done
+        int it = 0;
+        for (int n = 0, tile = int(blockIdx.x);; ++n, tile = take_tile(tile, next_tile, causal)) {
+          // Q buffer n % 2 and its tile slot: free once tile n - 2's QK^T products are done (past
+          // the last tile, the slot tells the consumers so; the barrier's arrival releases it).
+          // The slot holds the tile's coordinates too: the consumers read them under no wait.
           const unsigned qf = q_full + 8 * (n & 1), qb = base + (n & 1) * q_bytes;
+          int b = 0, h = 0, q0 = 0;
+          if (tile < tiles) where(tile, nq, H, causal, b, h, q0);
           if (n > 1) mbar_wait(q_empty + 8 * (n & 1), ((n >> 1) - 1) & 1);
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile_slots + 16 * (n & 1)), "r"(tile),
+                       "r"(b), "r"(h), "r"(q0) : "memory");
+          if (tile >= tiles) {
+            mbar_arrive(qf);
+            break;
+          }
+          const int hk = h / group, blocks = key_blocks(q0, Sk, causal);
           mbar_expect_tx(qf, q_bytes);
 #pragma unroll
           for (int c = 0; c < DC; ++c)
@@ -206,7 +225,7 @@ struct attention_forward {
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
       consume(t, base, ks, vs, outs + (warp >> 2) * o_bytes, q_full, q_empty, k_full, k_empty, v_full, v_empty,
-              map_in(sm, slots, 3), lse, nq, tiles, H, Sq, Sk, scale, causal);
+              tile_slots, map_in(sm, slots, 3), lse, tiles, H, Sq, Sk, scale, causal);
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
     if (t == 256) {
@@ -285,8 +304,8 @@ struct attention_forward {
 
   __device__ static void consume(int t, unsigned q_smem, unsigned ks, unsigned vs, unsigned out, unsigned q_full,
                                  unsigned q_empty, unsigned k_full, unsigned k_empty, unsigned v_full,
-                                 unsigned v_empty, const void* map_o, float* lse, int nq, int tiles, int H, int Sq,
-                                 int Sk, float scale, bool causal) {
+                                 unsigned v_empty, unsigned tile_slots, const void* map_o, float* lse, int tiles,
+                                 int H, int Sq, int Sk, float scale, bool causal) {
     using namespace detail;
     const int wg = t >> 7, tw = t & 127, w = tw >> 5, lane = tw & 31, barrier = 1 + wg;
     const bool leader = lane == 0;
@@ -299,10 +318,18 @@ struct attention_forward {
     if (tw == 0) acquire_map(map_o);
     float o[n_o], s[n_s];
     unsigned p[n_p];
-    int it = 0, n = 0;
-    for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x), ++n) {
-      int b, h, q0;
-      where(tile, nq, H, causal, b, h, q0);
+    int it = 0;
+#pragma unroll 1
+    for (int n = 0;; ++n) {
+      mbar_wait(q_full + 8 * (n & 1), (n >> 1) & 1);
+      int tile, b, h, q0;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(tile), "=r"(b), "=r"(h), "=r"(q0) : "r"(tile_slots + 16 * (n & 1)) : "memory");
+      tile = __shfl_sync(0xffffffffu, tile, 0);  // (uniform: ptxas keeps what follows in uniform registers)
+      if (tile >= tiles) break;
+      b = __shfl_sync(0xffffffffu, b, 0);
+      h = __shfl_sync(0xffffffffu, h, 0);
+      q0 = __shfl_sync(0xffffffffu, q0, 0);
       const int blocks = key_blocks(q0, Sk, causal);
       const int row_lo = q0 + wg * 64, row0 = row_lo + w * 16 + (lane >> 2);  // this thread's rows: row0, row0 + 8
       // Blocks from `unmasked` on need masking: they pass Sk or, causal, hold a key past this
@@ -311,7 +338,6 @@ struct attention_forward {
       float m[2] = {-detail::inf(), -detail::inf()}, l[2] = {0.0f, 0.0f}, alpha[2];
       // this warpgroup's 64 rows of each chunk of the tile's Q buffer; its barriers
       const unsigned q_tile = q_smem + (n & 1) * q_bytes + wg * box, qe = q_empty + 8 * (n & 1);
-      mbar_wait(q_full + 8 * (n & 1), (n >> 1) & 1);
 
       // Block 0's scores and probabilities, then the steps; P_j is packed once the MMAs are done
       // reading P_{j-1}.
