@@ -20,7 +20,7 @@
 //   template <class T, int D>
 //   struct attention_backward {
 //     static constexpr int threads = 384;    // 2 consumer warpgroups, a producer one
-//     static constexpr int block_k = 128;    // keys a threadgroup (64 a consumer warpgroup)
+//     static constexpr int block_k = 128;    // keys a tile (64 a consumer warpgroup)
 //     static constexpr int block_q = 64;     // queries a step
 //     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
 //     struct operand { const T* p; long batch, head, row; };   // strides, elements
