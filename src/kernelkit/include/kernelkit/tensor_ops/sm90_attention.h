@@ -108,6 +108,16 @@ __device__ __forceinline__ void register_product(float (&acc)[D / 2], const unsi
 __device__ __forceinline__ int take_tile(int tile, int* counter, bool causal) {
   return causal ? int(gridDim.x) + atomicAdd(counter, 1) : tile + int(gridDim.x);
 }
+// Values i, i + 1 of a warpgroup's m64 accumulators, packed, into a buffer of 64-column chunks of
+// 64 rows x 128 bytes whose 16-byte units are swizzled by the row (TMA's 128-byte swizzle):
+// conflict-free, as the attention kernels' epilogues write their outputs before copying them out.
+template <class T>
+__device__ __forceinline__ void st_accumulator_pair(unsigned buf, int i, float x, float y) {
+  const int lane = int(threadIdx.x & 31), w = int(threadIdx.x >> 5) & 3;
+  const int row = w * 16 + (lane >> 2) + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + (lane & 3) * 2;
+  const int cb = (col & 63) * 2;  // byte in the chunk's 128-byte row
+  st_shared(buf + (col >> 6) * 8192 + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15), pack_pair<T>(x, y));
+}
 // A (D, rows, heads, batches) map of 16-bit elements in 64 x 64 boxes, strides in elements.
 template <int D>
 __device__ __forceinline__ void attention_map(unsigned map, const void* p, long row, long head, long batch, int rows,
@@ -424,13 +434,8 @@ struct attention_forward {
       if (tw == 0) bulk_wait_read();  // the previous tile's stores have read the buffer
       named_barrier(barrier, 128);
 #pragma unroll
-      for (int i = 0; i < n_o; i += 2) {
-        const int row = w * 16 + (lane >> 2) + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + (lane & 3) * 2;
-        const int cb = (col & 63) * 2;  // byte in the chunk's 128-byte row
-        const float f = inv[(i >> 1) & 1];
-        st_shared(out + (col >> 6) * box + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15),
-                  pack_pair<T>(o[i] * f, o[i + 1] * f));
-      }
+      for (int i = 0; i < n_o; i += 2)
+        detail::st_accumulator_pair<T>(out, i, o[i] * inv[(i >> 1) & 1], o[i + 1] * inv[(i >> 1) & 1]);
       fence_proxy_async();
       named_barrier(barrier, 128);
       if (tw == 0) {

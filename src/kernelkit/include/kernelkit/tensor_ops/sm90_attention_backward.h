@@ -269,6 +269,21 @@ struct attention_backward {
     }
   }
 
+  // A warpgroup's 64 rows (keys from key0) of dK or dV from its buffer (st_accumulator_pair's
+  // layout) to the output, 16 bytes a store, a warp two whole rows at a time.
+  __device__ static void copy_out(unsigned buf, const output& out, int key0, int Sk, int hk, int b) {
+    const int tw = int(threadIdx.x & 127);
+#pragma unroll
+    for (int m = 0; m < 4 * DC; ++m) {
+      const int e = tw + 128 * m, row = e / (8 * DC), c = (e >> 3) % DC, u = e & 7, key = key0 + row;
+      float x, y, z, w;
+      detail::ld_shared_v4(buf + c * box + row * 128 + (((u ^ row) & 7) << 4), x, y, z, w);
+      if (key < Sk)
+        *reinterpret_cast<float4*>(out.p + b * out.batch + hk * out.head + key * out.row + c * 64 + u * 8) =
+            make_float4(x, y, z, w);
+    }
+  }
+
   __device__ static void consume(int t, unsigned ks, unsigned vs, unsigned stages, unsigned dss, unsigned dqs,
                                  unsigned kv_full, unsigned kv_empty, unsigned full, unsigned empty,
                                  unsigned tile_slot, float* dq_acc, const output& dk_out, const output& dv_out,
@@ -293,6 +308,7 @@ struct attention_backward {
     unsigned p[n_p], ds[n_p];
     int seen[2] = {0, 0}, b = 0;
     float* dq_dst = dq_acc;  // where the last step's dQ goes
+    bool pending = false;    // whether it has yet to go
     const auto step = [&](int it, int h, int qb, auto mask) {
       const unsigned qt = stages + (it % Stages) * stage_bytes, dot = qt + q_bytes, dsb = dss + (it & 1) * ds_bytes;
       mbar_wait(full + 8 * (it % Stages), (it / Stages) & 1);
@@ -308,7 +324,7 @@ struct attention_backward {
       // step's end. (Predicates, not branches: see probabilities.)
       bulk_wait_read();  // (only the issuing thread has reductions)
       named_barrier(1 + wg, 128);
-      bulk_reduce_add_if(dq_dst, dqs + ((it - 1) & 1) * dq_bytes, dq_bytes, tw == 0 && it > 0);
+      bulk_reduce_add_if(dq_dst, dqs + ((it - 1) & 1) * dq_bytes, dq_bytes, tw == 0 && pending);
       bulk_commit();
       wgmma_wait<1>();  // S^T landed: its exponentials run under dP^T's MMAs
       detail::fence_all(s);
@@ -360,6 +376,7 @@ struct attention_backward {
         st_shared_v4(dqb + (v4 * 128 + tw) * 16, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
       fence_proxy_async();
       dq_dst = dq_acc + ((long(b) * H + h) * nqb + qb) * (64 * D) + (D == 128 ? wg * 4096 : 0);
+      pending = true;
     };
     int it = 0;  // steps done, over the tiles
 #pragma unroll 1
@@ -398,23 +415,27 @@ struct attention_backward {
         }
       mbar_arrive_if(kv_empty, leader);  // the last step's MMAs were K and V's last reads
 
-      // dK (scaled) and dV from the registers, a pair of columns a store; rows past Sk are not
-      // written (the next tile's K and V load under these stores)
+      // Epilogue: the last step's dQ to its reduction now, dK (scaled) into the other dQ buffer
+      // under it, then dV into its buffer; both out by 16-byte stores, rows past Sk not written
+      // (the next tile's K and V load meanwhile). From the registers, a pair a 4-byte store, it
+      // took ~8 store wavefronts an instruction.
+      const unsigned last = dqs + ((it - 1) & 1) * dq_bytes, other = dqs + (it & 1) * dq_bytes;
+      bulk_wait_read();
+      named_barrier(1 + wg, 128);
+      bulk_reduce_add_if(dq_dst, last, dq_bytes, tw == 0 && pending);
+      bulk_commit();
+      pending = false;
 #pragma unroll
-      for (int i = 0; i < n_g; i += 2) {
-        const int key = key0 + 8 * ((i >> 1) & 1), col = (i >> 2) * 8 + (lane & 3) * 2;
-        if (key < Sk) {
-          const long kr = long(b) * dk_out.batch + long(at.hk) * dk_out.head + long(key) * dk_out.row + col;
-          const long vr = long(b) * dv_out.batch + long(at.hk) * dv_out.head + long(key) * dv_out.row + col;
-          *reinterpret_cast<unsigned*>(dk_out.p + kr) = pack_pair<T>(dk[i] * scale, dk[i + 1] * scale);
-          *reinterpret_cast<unsigned*>(dv_out.p + vr) = pack_pair<T>(dv[i], dv[i + 1]);
-        }
-      }
+      for (int i = 0; i < n_g; i += 2) st_accumulator_pair<T>(other, i, dk[i] * scale, dk[i + 1] * scale);
+      bulk_wait_read();
+      named_barrier(1 + wg, 128);  // (the reduction has read `last`)
+#pragma unroll
+      for (int i = 0; i < n_g; i += 2) st_accumulator_pair<T>(last, i, dv[i], dv[i + 1]);
+      named_barrier(1 + wg, 128);
+      const int wkey0 = at.j * block_k + wg * 64;
+      copy_out(other, dk_out, wkey0, Sk, at.hk, b);
+      copy_out(last, dv_out, wkey0, Sk, at.hk, b);
     }
-    bulk_wait_read();
-    named_barrier(1 + wg, 128);
-    bulk_reduce_add_if(dq_dst, dqs + ((it - 1) & 1) * dq_bytes, dq_bytes, tw == 0 && it > 0);
-    bulk_commit();
     bulk_wait();
   }
 };
