@@ -38,11 +38,11 @@
 //   extern __shared__ of the kernel's own, and the kernel's header defines
 //   KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
 //
-// Pipeline: the producer's first thread takes the tiles in order from a counter (with causal the
-// tiles' lengths differ: dealt round-robin, the SMs' shares differed by up to 12% at B=4 H=16
-// S=4096) and loads each one's Q (128 x D) into one of two buffers, with the tile's index
-// beside it (the next tile's Q lands under this tile's steps), then K and V blocks of BN keys (128; 192 at
-// D = 64), each through its own ring of Stages buffers (full / empty mbarriers). Consumer
+// Pipeline: the producer's first thread takes the tiles (round-robin; causal ones, which differ
+// in length, from a counter: detail::take_tile) and loads each one's Q (128 x D) into one of two
+// buffers, the tile's coordinates in a slot beside it (the next tile's Q lands under this tile's
+// steps), then K and V blocks of BN keys (128; 192 at D = 64), each through its own ring of
+// Stages buffers (full / empty mbarriers). Consumer
 // warpgroup g owns queries [64 g, 64 g + 64) of the tile. Step j: S_j = Q K_j^T (wgmma, both
 // from shared memory) is issued, O is rescaled to the previous softmax's max under it, O +=
 // P_{j-1} V_{j-1} is issued (P in registers: the scores' accumulator layout is wgmma's A

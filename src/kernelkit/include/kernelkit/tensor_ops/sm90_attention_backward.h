@@ -229,7 +229,7 @@ struct attention_backward {
       mbar_arrive(kv_full);
       return;
     }
-    mbar_expect_tx(kv_full, 2 * kv_bytes);  // (its arrival releases the word to the consumers)
+    mbar_expect_tx(kv_full, 2 * kv_bytes);  // (its arrival releases the slot to the consumers)
 #pragma unroll
     for (int c = 0; c < DC; ++c)
 #pragma unroll
