@@ -57,13 +57,14 @@ def _sm90_kernel(name: str, inputs: list[str], outputs: list[str]):
 
 
 _sm90_forward = _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "lse", "next_tile"])
-# Its backward (tensor_ops/sm90_attention_backward.h): a threadgroup a block of keys, K and V held,
-# the query blocks streamed; the per-query inputs made before it, dq from its float sums after.
+# Its backward (tensor_ops/sm90_attention_backward.h): persistent threadgroups over the blocks of
+# keys, each block's K and V held, the query blocks streamed; the per-query inputs (and its zeroed
+# float sums) made before it, dq from those sums after.
 _sm90_prep = _sm90_kernel("sm90_prep", ["o", "dout", "lse", "dlse"], ["lse2", "delta", "dq_acc"])
 _sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "delta", "dq_acc", "scale", "causal"],
                               ["dk", "dv"])
 _sm90_dq = _sm90_kernel("sm90_dq", ["dq_acc", "scale", "batches", "heads", "rows"], ["dq"])
-_SM90_BLOCK = 128  # queries a forward tile, keys a backward threadgroup
+_SM90_BLOCK = 128  # queries a forward tile, keys a backward one
 _SM90_ROWS = 64    # queries a backward step
 
 
