@@ -373,6 +373,44 @@ def test_non_tensor_arguments_pass_through():
 
 
 
+def test_keyword_arguments_are_constants():
+    """Keyword arguments reach the function and every rule as given and get no gradient: held
+    aside where they hold no tensor, carried as leaves where one does (a tensor keyword still
+    gets no gradient, and vmap refuses to batch it)."""
+    seen = []
+
+    @kk.custom_function
+    def f(x, *, scale, shift=None, mode="sin"):
+        base = torch.sin(x) if mode == "sin" else torch.cos(x)
+        return base * scale + (0 if shift is None else shift)
+
+    @f.vjp
+    def _(x, cotangent, output, *, scale, shift=None, mode="sin"):
+        seen.append((scale, mode, shift is None))
+        return cotangent * scale * (torch.cos(x) if mode == "sin" else -torch.sin(x))
+
+    @f.vmap
+    def _(x, axis, *, scale, shift=None, mode="sin"):
+        seen.append(("vmap", scale, mode))
+        return f(x, scale=scale, shift=shift, mode=mode), axis
+
+    x = torch.randn(5, requires_grad=True)
+    shift = torch.randn(5, requires_grad=True)
+    close(f(x, scale=2.0, mode="cos"), torch.cos(x) * 2)
+    (g,) = torch.autograd.grad(f(x, scale=2.0, mode="cos").sum(), x)
+    close(g, -torch.sin(x) * 2)
+    (g,) = torch.autograd.grad(f(x, scale=3.0, shift=shift).sum(), x)
+    close(g, torch.cos(x) * 3)
+    assert seen == [(2.0, "cos", True), (3.0, "sin", False)]
+    assert torch.autograd.grad(f(x, scale=3.0, shift=shift).sum(), shift, allow_unused=True) == (None,)
+
+    xs = torch.randn(3, 5)
+    close(vmap(lambda t: f(t, scale=2.0, mode="cos"))(xs), torch.cos(xs) * 2)
+    assert seen[-1] == ("vmap", 2.0, "cos")
+    with pytest.raises(ValueError, match="keyword arguments cannot be vmapped"):
+        vmap(lambda t, s: f(t, scale=2.0, shift=s))(xs, xs)
+
+
 def test_numpy_and_numbers_only_call_the_function():
     @kk.custom_function
     def f(x, y):

@@ -196,18 +196,28 @@ def test_sm90_backward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
 
 
 def test_sm90_forward_takes_only_what_tma_reads():
-    """The Hopper forward's operands: views TMA cannot read (misaligned strides or base, a stride
-    of 0, the last dim not packed) go to the other path; a size-1 dim's stride is made valid."""
+    """The Hopper kernels' operands: views TMA cannot read (misaligned strides or base, a stride of
+    0, the last dim not packed) go to the other path, or are copied where asked; a size-1 dim's
+    stride is made valid; bshd tensors are read as their (B, H, S, D) views."""
+    def view(x, layout="bhsd", copy=False):
+        views = fa._Views((x,), layout).take((x,), copy=copy)
+        return None if views is None else views[0]
+
     x = torch.empty(2, 3, 5, 64, dtype=torch.bfloat16)
-    assert fa._tma_view(x) is not None
-    assert fa._tma_view(x[..., 1:, :]) is not None                     # rows off the base: 128 bytes
-    assert fa._tma_view(torch.empty(2, 3, 5, 72, dtype=torch.bfloat16)[..., :64]) is not None
-    assert fa._tma_view(torch.empty(2, 3, 5, 68, dtype=torch.bfloat16)[..., :64]) is None  # 136-byte rows
-    assert fa._tma_view(torch.empty(x.numel() + 4, dtype=x.dtype)[4:].view(x.shape)) is None  # base off 16 bytes
-    assert fa._tma_view(x[:, :1].expand(2, 3, 5, 64)) is None          # a broadcast head
-    assert fa._tma_view(torch.empty(2, 3, 5, 128, dtype=torch.bfloat16)[..., ::2]) is None  # D not packed
+    assert view(x) is x
+    assert view(x[..., 1:, :]) is not None                              # rows off the base: 128 bytes
+    assert view(torch.empty(2, 3, 5, 72, dtype=torch.bfloat16)[..., :64]) is not None
+    assert view(torch.empty(2, 3, 5, 68, dtype=torch.bfloat16)[..., :64]) is None  # 136-byte rows
+    off = torch.randn(x.numel() + 4).to(x.dtype)[4:].view(x.shape)    # base off 16 bytes
+    assert view(off) is None
+    assert view(off, copy=True).is_contiguous() and torch.equal(view(off, copy=True), off)
+    assert view(x[:, :1].expand(2, 3, 5, 64)) is None                   # a broadcast head
+    assert view(torch.empty(2, 3, 5, 128, dtype=torch.bfloat16)[..., ::2]) is None  # D not packed
     one = torch.empty(1, 1, 5, 64, dtype=torch.bfloat16).as_strided((1, 1, 5, 64), (7, 3, 64, 1))
-    assert fa._tma_view(one).stride() == (320, 320, 64, 1)
+    assert view(one).stride() == (320, 320, 64, 1)
+    bshd = torch.randn(2, 5, 3, 64).to(torch.bfloat16)
+    assert torch.equal(view(bshd, "bshd"), bshd.transpose(1, 2))
+    assert torch.equal(view(bshd[:, :, :1].expand(2, 5, 3, 64), "bshd", copy=True), bshd[:, :, :1].expand(2, 5, 3, 64).transpose(1, 2))
 
 
 _SM90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),

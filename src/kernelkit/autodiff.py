@@ -75,9 +75,13 @@ def _flatten(tree, leaves: list):
     A plain tuple or list of leaves (the usual arguments and results) is (type, n).
     """
     if isinstance(tree, (tuple, list)):
-        if type(tree) in (tuple, list) and not any(isinstance(x, _NODES) for x in tree):
-            leaves.extend(tree)
-            return type(tree), len(tree)
+        if type(tree) in (tuple, list):
+            for x in tree:  # (a loop: this runs on every call, and any() over a generator is slower)
+                if isinstance(x, _NODES):
+                    break
+            else:
+                leaves.extend(tree)
+                return type(tree), len(tree)
         return type(tree), tuple(_flatten(x, leaves) for x in tree)
     if isinstance(tree, dict):
         return dict, tuple((k, _flatten(v, leaves)) for k, v in tree.items())
@@ -86,10 +90,13 @@ def _flatten(tree, leaves: list):
 
 
 _NODES = (tuple, list, dict)
+_HELD = (torch.Tensor, *_NODES)  # keyword values that go to autograd as leaves, not held
 
 
 def _unflatten(spec, leaves):
-    if spec is not _LEAF and type(spec[1]) is int and len(leaves) == spec[1]:
+    if spec is _LEAF:
+        return leaves[0]
+    if type(spec[1]) is int and len(leaves) == spec[1]:
         return spec[0](leaves)  # a flat tuple or list: the common case, in one step
     return _build(spec, iter(leaves))
 
@@ -115,6 +122,7 @@ def _zeros_like(t: torch.Tensor) -> torch.Tensor:
     launch per missing cotangent): writing into such a view fails (its elements overlap), and
     the zero is made again if it was written all the same (its version counter moved)."""
     if t.numel() <= 1 or (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+        # (a CUDA graph's zero is its own: the shared one may be made again while it replays)
         return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
     key = (t.dtype, t.device)
     zero = _ZERO.get(key)
@@ -124,10 +132,6 @@ def _zeros_like(t: torch.Tensor) -> torch.Tensor:
             torch.cuda.current_stream(t.device).synchronize()
         _ZERO[key] = zero
     return zero.expand(t.shape)
-
-
-def _differentiable(t: torch.Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
 
 
 def _missing(fun: "custom_function", rule: str, purpose: str) -> NotImplementedError:
@@ -144,16 +148,17 @@ class _Call:
     whichever of forward or the vmap rule produced the outputs.
     """
 
-    __slots__ = ("fun", "args_spec", "kwargs_spec", "n_primal", "tensor_at", "out_spec")
+    __slots__ = ("fun", "args_spec", "kwargs_spec", "kwargs", "n_primal", "tensor_at", "out_spec")
 
-    def __init__(self, fun, args_spec, kwargs_spec, n_primal, tensor_at):
-        self.fun, self.args_spec, self.kwargs_spec = fun, args_spec, kwargs_spec
+    def __init__(self, fun, args_spec, kwargs_spec, kwargs, n_primal, tensor_at):
+        self.fun, self.args_spec, self.kwargs_spec, self.kwargs = fun, args_spec, kwargs_spec, kwargs
         self.n_primal, self.tensor_at, self.out_spec = n_primal, tensor_at, None
 
     def unflatten(self, leaves):
-        """(args, kwargs) of the call, from its leaves."""
-        if len(leaves) == self.n_primal:  # no keyword argument
-            return _unflatten(self.args_spec, leaves), {}
+        """(args, kwargs) of the call, from its leaves: keyword arguments are leaves past the
+        positional ones where they hold tensors, else held as given (`kwargs`)."""
+        if len(leaves) == self.n_primal:
+            return _unflatten(self.args_spec, leaves), self.kwargs
         return (_unflatten(self.args_spec, leaves[:self.n_primal]),
                 _unflatten(self.kwargs_spec, leaves[self.n_primal:]))
 
@@ -225,21 +230,21 @@ class _Function(torch.autograd.Function):
         args, kwargs = call.unflatten(leaves)
         outs = call.outputs(call.fun._fun(*args, **kwargs), "forward")
         # An input returned as-is cannot be saved for backward (setup_context style): a view can.
-        ins = [leaves[i] for i in call.tensor_at]
-        return tuple(o.view_as(o) if any(o is x for x in ins) else o for o in outs)
+        ins = {id(leaves[i]) for i in call.tensor_at}
+        return tuple(o.view_as(o) if id(o) in ins else o for o in outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         call = ctx.call = inputs[0]
         ctx.tensor_at = call.tensor_at
         # non-tensor leaves are kept as they are, tensors are saved below
-        ctx.leaves = list(inputs[1:])
+        ctx.leaves = leaves = list(inputs[1:])
         tensors = []
         for i in call.tensor_at:
-            tensors.append(ctx.leaves[i])
-            ctx.leaves[i] = None
-        ctx.out_diff = [_differentiable(o) for o in output]
-        if not all(ctx.out_diff):
+            tensors.append(leaves[i])
+            leaves[i] = None
+        ctx.out_diff = [o.is_floating_point() or o.is_complex() for o in output]
+        if False in ctx.out_diff:
             ctx.mark_non_differentiable(*[o for o, d in zip(output, ctx.out_diff) if not d])
         ctx.set_materialize_grads(False)  # backward makes its zeros without filling memory
         # MLX's vjp gets primals and outputs, its jvp the primals: save exactly those.
@@ -303,8 +308,8 @@ class _Function(torch.autograd.Function):
         if fun._vmap is None:
             raise _missing(fun, "vmap", "use torch.func.vmap")
         inputs, kwargs = call.arguments(leaves)
-        axes, kwarg_axes = call.arguments(in_dims[1:])
-        if any(a is not None for a in _leaves(kwarg_axes)):
+        axes = call.arguments(in_dims[1:])[0]
+        if any(a is not None for a in in_dims[1 + call.n_primal:]):  # a tensor among the kwargs
             raise ValueError(f"[custom_function] {fun.__name__}: keyword arguments cannot be "
                              "vmapped over; pass batched tensors positionally.")
         result = fun._vmap(inputs, axes, **kwargs)
@@ -356,11 +361,12 @@ def _gradients(fun: "custom_function", n_primal: int, leaves: list, result) -> l
     if type(result) is torch.Tensor and len(leaves) == 1 and type(leaves[0]) is torch.Tensor \
             and result.shape == leaves[0].shape:
         return [result]  # one tensor argument, one gradient: the usual case
-    if type(result) in (tuple, list) and len(result) == n_primal and all(
-            type(x) is torch.Tensor and (g is None or type(g) is torch.Tensor and g.shape == x.shape)
-            for x, g in zip(leaves, result)):
-        # tensor arguments only, a gradient or None for each: the other usual case
-        return [*result, *(None for x in leaves[n_primal:] if isinstance(x, torch.Tensor))]
+    if type(result) in (tuple, list) and len(result) == n_primal:
+        for x, g in zip(leaves, result):  # (a loop: all() over a generator costs more on every call)
+            if type(x) is not torch.Tensor or not (g is None or type(g) is torch.Tensor and g.shape == x.shape):
+                break
+        else:  # tensor arguments only, a gradient or None for each: the other usual case
+            return [*result, *(None for x in leaves[n_primal:] if isinstance(x, torch.Tensor))]
     name = fun.__name__
     flat = _leaves(result)
     primal = leaves[:n_primal]
@@ -427,9 +433,18 @@ class custom_function:
         leaves = []
         args_spec = _flatten(args, leaves)
         n_primal = len(leaves)
-        kwargs_spec = _flatten(kwargs, leaves) if kwargs else None
-        tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        if _torch_ops.tracing():
+        tracing = _torch_ops.tracing()
+        # Keyword arguments are constants: autograd sees them (as leaves) only where they hold a
+        # tensor, which torch.func must then unwrap, or where the ops carry them (tracing).
+        kwargs_spec, held = None, kwargs
+        if kwargs and (tracing or any(isinstance(x, _HELD) for x in kwargs.values())):
+            kwargs_spec, held = _flatten(kwargs, leaves), {}
+        tensor_at, recorded = [], False  # recorded: a tensor that autograd would record
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor):
+                tensor_at.append(i)
+                recorded = recorded or x.requires_grad
+        if tracing:
             # torch.compile, or fake tensors: the op, with the vjp as formula, grad or no grad (its
             # Python then runs at run time, on real tensors: ops that look at their data, as
             # grid_sample's alignment check, never see a fake one)
@@ -437,10 +452,9 @@ class custom_function:
                                                          n_primal)
             return _torch_ops.unflatten(_torch_ops.out_spec(spec), flat)
         transformed = torch._C._are_functorch_transforms_active()
-        if not transformed and _forward_ad._current_level < 0 and not (
-                torch.is_grad_enabled() and any(leaves[i].requires_grad for i in tensor_at)):
+        if not transformed and _forward_ad._current_level < 0 and not (recorded and torch.is_grad_enabled()):
             return self._fun(*args, **kwargs)  # nothing records it: no autograd.Function (~25 us)
-        call = _Call(self, args_spec, kwargs_spec, n_primal, tensor_at)
+        call = _Call(self, args_spec, kwargs_spec, held, n_primal, tensor_at)
         if transformed:
             flat = self._function.apply(call, *leaves)  # sets call.out_spec
         else:

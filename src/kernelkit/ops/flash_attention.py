@@ -68,81 +68,144 @@ _SM90_BLOCK = 128  # queries a forward tile, keys a backward one
 _SM90_ROWS = 64    # queries a backward step
 
 
-def _tma_view(x: torch.Tensor) -> torch.Tensor | None:
-    """x (B, H, S, D) as TMA reads it, or None where it cannot: the last dim packed, base and
-    strides 16-byte aligned, nonzero and below 2**40 bytes (a size-1 dim's stride, never used,
-    made valid)."""
-    if not aligned(x, 16) or x.stride(3) != 1:
+def _tma_strides(shape, strides, size: int) -> tuple | None:
+    """The strides with which TMA reads a (B, H, S, D) view of these shape and strides (elements of
+    `size` bytes), or None where it cannot: the last dim packed, strides 16-byte aligned, nonzero
+    and below 2**40 bytes (a size-1 dim's stride, never used, made valid)."""
+    if strides[3] != 1:
         return None
-    shape, strides, size = x.shape, list(x.stride()), x.element_size()
-    inner, fixed = shape[3], False
+    strides, inner = list(strides), shape[3]
     for i in (2, 1, 0):
         if shape[i] == 1 and strides[i] != inner:
-            strides[i], fixed = inner, True
+            strides[i] = inner
         if strides[i] <= 0 or (strides[i] * size) % 16 or strides[i] * size >= 2**40:
             return None
         inner = strides[i] * shape[i]
-    return x.as_strided(shape, strides) if fixed else x
+    return tuple(strides)
 
 
-def _tma_or_copy(x: torch.Tensor) -> torch.Tensor:
-    """x as TMA (and the prep kernel's pair loads) read it, or a packed copy: a broadcast
-    cotangent, say."""
-    view = _tma_view(x)
-    return x.contiguous() if view is None else view
+class _Views:
+    """How the Hopper kernels see tensors of one signature (shapes, strides, dtypes), worked out
+    once (a call's glue is a sizeable share of its host time at small sizes): for each tensor
+    the shape and TMA strides of its (B, H, S, D) view, _AS_IS where that is the tensor itself,
+    None where TMA cannot read it."""
+
+    __slots__ = ("layout", "views")
+
+    def __init__(self, tensors, layout: str):
+        self.layout, self.views = layout, []
+        for x in tensors:
+            shape, strides = _bhsd_dims(x.shape, layout), _bhsd_dims(x.stride(), layout)
+            tma = _tma_strides(shape, strides, x.element_size())
+            self.views.append(None if tma is None else _AS_IS if layout == "bhsd" and tma == strides
+                              else (torch.Size(shape), tma))
+
+    def take(self, tensors, first: int = 0, copy: bool = False) -> list | None:
+        """The views of a call's tensors (those of this signature from the `first`): None if one
+        cannot be read (its strides, or its base off 16 bytes), or with copy=True a packed copy
+        of that one (which the prep kernel's pair loads read too)."""
+        out = []
+        for x, view in zip(tensors, self.views[first:]):
+            if view is None or not aligned(x, 16):
+                if not copy:
+                    return None
+                out.append(_bhsd(x, self.layout).contiguous())
+            else:
+                out.append(x if view is _AS_IS else x.as_strided(*view))
+        return out
 
 
-def _hopper(q, scale: float) -> bool:
+_AS_IS = "as is"
+
+
+_SIGNATURES: dict = {}  # the Hopper calls' plans, by signature (a few hundred at most)
+
+
+def _signature(kind: str, tensors, flags: tuple, make):
+    """The plan of a call of this kind, tensors (their shapes, strides, dtypes and device) and
+    flags: make() on the first call of a signature."""
+    key = (kind, flags, tensors[0].device, *(x.dtype for x in tensors), *(x.shape for x in tensors),
+           *(x.stride() for x in tensors))
+    plan = _SIGNATURES.get(key, False)
+    if plan is False:
+        if len(_SIGNATURES) >= 512:
+            _SIGNATURES.clear()
+        plan = _SIGNATURES[key] = make()
+    return plan
+
+
+def _hopper(q) -> bool:
     """Whether the Hopper kernels take this call: 16-bit types, D = 64 or 128, on sm_90."""
     return (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in (64, 128)
-            and scale > 0 and hopper.sm90_sms(q.device) is not None)
+            and hopper.sm90_sms(q.device) is not None)
+
+
+def _sm90_forward_plan(q, k, v, causal: bool, layout: str):
+    """(views, the forward kernel's arguments but its inputs), or None where it does not apply."""
+    if not _hopper(q):
+        return None
+    views = _Views((q, k, v), layout)
+    if None in views.views:
+        return None
+    B, H, Sq, D = _bhsd(q, layout).shape
+    launch = hopper.launch(q.device, B * H * -(-Sq // _SM90_BLOCK))
+    if launch is None:
+        return None
+    return views, dict(template=[("T", q.dtype), ("D", D), ("BSHD", layout == "bshd")],
+                       output_shapes=[q.shape, (B, H, Sq), (1,)], output_dtypes=[q.dtype, torch.float32, torch.int32],
+                       init_value=[None, None, 0] if causal else None, **launch)  # (next_tile: causal only)
 
 
 def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     """(o, lse) by the Hopper kernel, or None where it does not apply."""
-    if not _hopper(q, scale):
+    plan = _signature("forward", (q, k, v), (causal, layout), lambda: _sm90_forward_plan(q, k, v, causal, layout))
+    views = None if plan is None or scale <= 0 else plan[0].take((q, k, v))
+    if views is None:
         return None
-    views = [_tma_view(_bhsd(x, layout)) for x in (q, k, v)]
-    if any(x is None for x in views):
-        return None
-    B, H, Sq, D = views[0].shape
-    launch = hopper.launch(q.device, B * H * -(-Sq // _SM90_BLOCK))
-    if launch is None:
-        return None
-    o, lse, _ = _sm90_forward(inputs=[*views, float(scale), causal],
-                              template=[("T", q.dtype), ("D", D), ("BSHD", layout == "bshd")],
-                              output_shapes=[q.shape, (B, H, Sq), (1,)],
-                              output_dtypes=[q.dtype, torch.float32, torch.int32],
-                              init_value=[None, None, 0 if causal else None],
-                              **launch)  # (next_tile: the threadgroups' tile counter, causal only)
+    o, lse, _ = _sm90_forward(inputs=[*views, float(scale), causal], **plan[1])
     return o, lse
 
 
-def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, layout: str):
-    """(dq, dk, dv) by the Hopper kernels, or None where they do not apply."""
-    if not _hopper(q, scale):
+def _sm90_backward_plan(q, k, v, o, dout, layout: str):
+    """(views of q, k, v, o, dout, the three kernels' arguments but their inputs, (B, H, Sq) of
+    dq's kernel), or None where they do not apply."""
+    if not _hopper(q):
         return None
-    views = [_tma_view(_bhsd(x, layout)) for x in (q, k, v)]
-    if any(x is None for x in views):
+    views = _Views((q, k, v, o, dout), layout)
+    if None in views.views[:3]:
         return None
-    o4, do4 = (_tma_or_copy(_bhsd(x, layout)) for x in (o, dout.to(q.dtype)))
-    B, H, Sq, D = views[0].shape
-    Hkv, Sk = views[1].shape[1:3]
+    B, H, Sq, D = _bhsd(q, layout).shape
+    Hkv, Sk = _bhsd(k, layout).shape[1:3]
     sqp = -(-Sq // _SM90_ROWS) * _SM90_ROWS
     launch = hopper.launch(q.device, -(-Sk // _SM90_BLOCK) * Hkv * B)
     if launch is None:
         return None
-    dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
     types = [("T", q.dtype), ("D", D)]
-    lse2, delta, dq_acc = _sm90_prep(  # (dq_acc: the backward's float sums, zeroed, and its tile counter)
-        inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], template=types,
-        output_shapes=[(B, H, sqp), (B, H, sqp), (B * H * sqp * D + 4,)], output_dtypes=[torch.float32] * 3,
-        grid=(B * H * sqp * D // 8, 1, 1), threadgroup=(256, 1, 1))
-    bshd = [("BSHD", layout == "bshd")]
-    dk, dv = _sm90_backward(inputs=[*views, do4, lse2, delta, dq_acc, float(scale), causal], template=types + bshd,
-                            output_shapes=[k.shape, v.shape], output_dtypes=[q.dtype, q.dtype], **launch)
-    dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], template=types + bshd, output_shapes=[q.shape],
-                   output_dtypes=[q.dtype], grid=(B * H * sqp * D // 4, 1, 1), threadgroup=(256, 1, 1))
+    sums = B * H * sqp * D
+    f32 = torch.float32
+    return (views,  # (dq_acc: the backward's float sums, zeroed, and its tile counter)
+            dict(template=types, output_shapes=[(B, H, sqp), (B, H, sqp), (sums + 4,)], output_dtypes=[f32] * 3,
+                 grid=(sums // 8, 1, 1), threadgroup=(256, 1, 1)),
+            dict(template=types + [("BSHD", layout == "bshd")], output_shapes=[k.shape, v.shape],
+                 output_dtypes=[q.dtype, q.dtype], **launch),
+            dict(template=types + [("BSHD", layout == "bshd")], output_shapes=[q.shape], output_dtypes=[q.dtype],
+                 grid=(sums // 4, 1, 1), threadgroup=(256, 1, 1)),
+            (B, H, Sq))
+
+
+def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, layout: str):
+    """(dq, dk, dv) by the Hopper kernels, or None where they do not apply."""
+    dout = dout.to(q.dtype)
+    plan = _signature("backward", (q, k, v, o, dout), (layout,), lambda: _sm90_backward_plan(q, k, v, o, dout, layout))
+    views = None if plan is None or scale <= 0 else plan[0].take((q, k, v))
+    if views is None:
+        return None
+    o4, do4 = plan[0].take((o, dout), first=3, copy=True)
+    B, H, Sq = plan[4]
+    dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
+    lse2, delta, dq_acc = _sm90_prep(inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], **plan[1])
+    dk, dv = _sm90_backward(inputs=[*views, do4, lse2, delta, dq_acc, float(scale), causal], **plan[2])
+    dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], **plan[3])
     return dq, dk, dv
 
 
@@ -173,6 +236,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 def _bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
     """The (B, H, S, D) view of x."""
     return x.transpose(1, 2) if layout == "bshd" else x
+
+
+def _bhsd_dims(dims, layout: str) -> tuple:
+    """The sizes (or strides) of the (B, H, S, D) view of a tensor of these."""
+    return (dims[0], dims[2], dims[1], dims[3]) if layout == "bshd" else tuple(dims)
 
 
 def _scale(scale: float, dtype: torch.dtype, device):
