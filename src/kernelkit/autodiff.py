@@ -235,47 +235,11 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        call = ctx.call = inputs[0]
-        ctx.tensor_at = call.tensor_at
-        # non-tensor leaves are kept as they are, tensors are saved below
-        ctx.leaves = leaves = list(inputs[1:])
-        tensors = []
-        for i in call.tensor_at:
-            tensors.append(leaves[i])
-            leaves[i] = None
-        ctx.out_diff = [o.is_floating_point() or o.is_complex() for o in output]
-        if False in ctx.out_diff:
-            ctx.mark_non_differentiable(*[o for o, d in zip(output, ctx.out_diff) if not d])
-        ctx.set_materialize_grads(False)  # backward makes its zeros without filling memory
-        # MLX's vjp gets primals and outputs, its jvp the primals: save exactly those.
-        ctx.save_for_backward(*tensors, *output)
-        if _forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
-            ctx.save_for_forward(*tensors)  # only forward-mode AD runs jvp
+        _keep(ctx, inputs[0], inputs[1:], output, direct=False)
 
     @staticmethod
     def backward(ctx, *grads):
-        call, n_in = ctx.call, len(ctx.tensor_at)
-        if call.fun._vjp is None:
-            raise _missing(call.fun, "vjp", "differentiate it")
-
-        def rule(tensors):
-            leaves = _with_tensors(ctx, tensors[:n_in])
-            primals, kwargs = call.arguments(leaves)
-            n_out = len(ctx.out_diff)
-            outputs = _unflatten(call.out_spec, tensors[n_in:n_in + n_out])
-            cotangents = _unflatten(call.out_spec, tensors[n_in + n_out:])
-            result = call.fun._vjp(primals, cotangents, outputs, **kwargs)
-            return _gradients(call.fun, call.n_primal, leaves, result)
-
-        saved = ctx.saved_tensors
-        outputs = saved[n_in:]
-        grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
-        grads = _below_functorch(call.fun, "vjp", rule, [*saved, *grads])
-        # one gradient per argument of apply: None for `call` and the non-tensor leaves
-        out = [None] * (1 + len(ctx.leaves))
-        for i, g in zip(ctx.tensor_at, grads):
-            out[1 + i] = g
-        return tuple(out)
+        return _backward(ctx, grads)
 
     @staticmethod
     def jvp(ctx, _call_tangent, *tangents):
@@ -325,6 +289,76 @@ class _Function(torch.autograd.Function):
                              f"{len(flat_axes)} out_axes for {len(outs)} outputs.")
         flat_axes = [a if a is None or a >= 0 else a + o.dim() for a, o in zip(flat_axes, outs)]
         return tuple(outs), tuple(flat_axes)
+
+
+class _Direct(torch.autograd.Function):
+    """The autograd.Function of the usual call, which neither torch.func nor forward-mode AD sees
+    and whose positional arguments are flat and keyword arguments hold no tensor: old-style (its
+    forward takes ctx), so a call runs one Python frame each way and rebuilds no structure, where
+    _Function's setup_context style (which torch.func needs) runs three (together ~40% of a small
+    call's host time). Its backward is _Function's.
+
+    apply(call, *args) -> the flat tuple of outputs.
+    """
+
+    @staticmethod
+    def forward(ctx, call, *args):
+        outs = call.outputs(call.fun._fun(*args, **call.kwargs), "forward")
+        _keep(ctx, call, args, outs, direct=True)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _backward(ctx, grads)
+
+
+def _keep(ctx, call, leaves, outputs, direct: bool) -> None:
+    """What a call's backward (and jvp) needs, on its ctx: the call, its non-tensor leaves as they
+    are, its tensors and outputs saved; direct: whether _Direct made it."""
+    ctx.call, ctx.direct = call, direct
+    ctx.tensor_at = call.tensor_at
+    ctx.leaves = leaves = list(leaves)
+    tensors = []
+    for i in call.tensor_at:
+        tensors.append(leaves[i])
+        leaves[i] = None
+    ctx.out_diff = [o.is_floating_point() or o.is_complex() for o in outputs]
+    if False in ctx.out_diff:
+        ctx.mark_non_differentiable(*[o for o, d in zip(outputs, ctx.out_diff) if not d])
+    ctx.set_materialize_grads(False)  # backward makes its zeros without filling memory
+    # MLX's vjp gets primals and outputs, its jvp the primals: save exactly those.
+    ctx.save_for_backward(*tensors, *outputs)
+    if _forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
+        ctx.save_for_forward(*tensors)  # only forward-mode AD runs jvp
+
+
+def _backward(ctx, grads) -> tuple:
+    """The gradients of a call's apply arguments by the vjp rule: None for `call` and the
+    non-tensor leaves."""
+    call, n_in = ctx.call, len(ctx.tensor_at)
+    if call.fun._vjp is None:
+        raise _missing(call.fun, "vjp", "differentiate it")
+
+    def rule(tensors):
+        leaves = _with_tensors(ctx, tensors[:n_in])
+        primals, kwargs = call.arguments(leaves)
+        n_out = len(ctx.out_diff)
+        outputs = _unflatten(call.out_spec, tensors[n_in:n_in + n_out])
+        cotangents = _unflatten(call.out_spec, tensors[n_in + n_out:])
+        result = call.fun._vjp(primals, cotangents, outputs, **kwargs)
+        return _gradients(call.fun, call.n_primal, leaves, result)
+
+    saved = ctx.saved_tensors
+    outputs = saved[n_in:]
+    grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
+    if ctx.direct and not torch._C._are_functorch_transforms_active():
+        grads = rule([*saved, *grads])  # (nothing is wrapped: neither the forward nor this runs in torch.func)
+    else:
+        grads = _below_functorch(call.fun, "vjp", rule, [*saved, *grads])
+    out = [None] * (1 + len(ctx.leaves))
+    for i, g in zip(ctx.tensor_at, grads):
+        out[1 + i] = g
+    return tuple(out)
 
 
 def vjp_gradients(fun, args, kwargs, leaves, n_primal, out_spec, outputs, grads) -> list:
@@ -411,6 +445,8 @@ class custom_function:
         name = getattr(fun, "__name__", "custom_function")
         self._function = type(name, (_Function,), {"__module__": _Function.__module__})
         self._apply = super(torch.autograd.Function, self._function).apply  # the C apply
+        direct = type(name, (_Direct,), {"__module__": _Function.__module__})
+        self._direct = super(torch.autograd.Function, direct).apply
         self._op_key = _torch_ops.function_key(self)  # its name in torch.compile's op specs
 
     # As MLX, each setter returns the custom_function itself.
@@ -463,7 +499,8 @@ class custom_function:
             # takes *leaves, so the binding changes nothing).
             for i in tensor_at:
                 leaves[i] = _unwrap_if_dead(leaves[i])
-            flat = self._apply(call, *leaves)
+            direct = _forward_ad._current_level < 0 and kwargs_spec is None and args_spec == (tuple, n_primal)
+            flat = (self._direct if direct else self._apply)(call, *leaves)
         return _unflatten(call.out_spec, flat)
 
     def __repr__(self) -> str:
