@@ -153,7 +153,7 @@ def test_poisoned_outputs_on_the_fast_path_show_unwritten_elements(device):
         assert torch.equal(out[:8], x[:8]) and out[8:].isnan().all()
 
 
-def test_repeated_calls_with_init_value_take_the_fast_path(device, monkeypatch):
+def test_repeated_calls_with_init_value_take_the_fast_path(device, monkeypatch, lent):
     """init_value (one for all outputs, or one or None per output) is part of a plan: repeated
     calls fill their fresh outputs without the general path, each value with its own plan."""
     k = kk.metal_kernel(name="fast_fill", input_names=["inp"], output_names=["out", "hits"],
@@ -178,6 +178,41 @@ def test_repeated_calls_with_init_value_take_the_fast_path(device, monkeypatch):
     assert len(k._filled_plans) == 3 and all(len(p) == 1 for p in k._filled_plans.values())
     call(torch.tensor(2.0, device=device))  # a tensor value is not a key: the general path
     assert len(k._filled_plans) == 3
+
+
+@pytest.mark.parametrize("dtype,value", [(torch.float64, 1.0), (torch.float64, 0), (torch.int64, -1),
+                                         (torch.int64, 7), (torch.bfloat16, 1.5), (torch.float16, float("nan")),
+                                         (torch.bool, True), (torch.uint8, 3), (torch.int16, -2)])
+def test_init_values_of_every_dtype_on_the_fast_path(device, dtype, value, lent):
+    """A plan's fill (on CUDA the driver's memset where the value's bytes repeat a 1-, 2- or
+    4-byte pattern, else fill_) gives what fill_ gives, on every call, odd sizes and empty ones."""
+    k = kk.metal_kernel(name="fast_fill_only", input_names=["inp"], output_names=["out", "two"],
+                        source="uint i = thread_position_in_grid.x; if (i == 0) two[0] = inp[0];")
+    x = torch.zeros(1, dtype=dtype, device=device)
+    for n in (37, 37, 37, 0, 5):
+        out, two = k(inputs=[x], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(n,), (2,)],
+                     output_dtypes=[dtype, dtype], template=[("T", dtype)], init_value=value)
+        want = torch.full((n,), value, dtype=dtype, device=device)
+        assert torch.equal(out, want) or (want.isnan().all() and out.isnan().all() and out.numel() == n)
+        assert two[0] == 0 and (two[1] == value or (two[1] != two[1] and value != value))
+
+
+def test_memset_patterns_match_fill():
+    """The CUDA plans' memset of a fill is fill_'s bytes: (unit, pattern, units an element)."""
+    from kernelkit.backends import Fill
+    from kernelkit.backends.cuda import _memset
+    assert _memset(Fill(0), torch.float64) == (4, 0, 2)
+    assert _memset(Fill(1.0), torch.float32) == (4, 0x3F800000, 1)
+    assert _memset(Fill(1.0), torch.float64) is None               # 00 .. 00 f0 3f: no 4-byte pattern
+    assert _memset(Fill(-1), torch.int64) == (4, 0xFFFFFFFF, 2)
+    assert _memset(Fill(1.5), torch.bfloat16) == (2, 0x3FC0, 1)
+    assert _memset(Fill(True), torch.bool) == (1, 1, 1)
+    assert _memset(Fill(3), torch.int8) == (1, 3, 1)
+    assert _memset(Fill(torch.tensor(2.0)), torch.float32) is None  # a tensor value: fill_
+    for dtype, value in [(torch.float32, -2.5), (torch.int32, 123456), (torch.float16, 0.1), (torch.int64, -1)]:
+        unit, pattern, count = _memset(Fill(value), dtype)
+        want = torch.empty(1, dtype=dtype).fill_(value).view(torch.uint8)
+        assert torch.equal(torch.tensor(list(pattern.to_bytes(unit, "little")) * count, dtype=torch.uint8), want)
 
 
 def test_the_compiled_cuda_launcher_builds_here():

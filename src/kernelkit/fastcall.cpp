@@ -28,34 +28,44 @@ using LaunchKernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsi
 using CtxGetCurrent = CUresult (*)(CUcontext*);
 using CtxPush = CUresult (*)(CUcontext);
 using CtxPop = CUresult (*)(CUcontext*);
+using CUdeviceptr = unsigned long long;
+using MemsetD8 = CUresult (*)(CUdeviceptr, unsigned char, size_t, CUstream);
+using MemsetD16 = CUresult (*)(CUdeviceptr, unsigned short, size_t, CUstream);
+using MemsetD32 = CUresult (*)(CUdeviceptr, unsigned, size_t, CUstream);
 
 LaunchKernel launch_kernel = nullptr;
 CtxGetCurrent ctx_get_current = nullptr;
 CtxPush ctx_push = nullptr;
 CtxPop ctx_pop = nullptr;
+MemsetD8 memset_d8 = nullptr;
+MemsetD16 memset_d16 = nullptr;
+MemsetD32 memset_d32 = nullptr;
 
 void* as_pointer(PyObject* o) { return PyLong_AsVoidPtr(o); }
 
 unsigned as_unsigned(PyObject* o) { return static_cast<unsigned>(PyLong_AsUnsignedLong(o)); }
 
-// set_driver(cuLaunchKernel, cuCtxGetCurrent, cuCtxPushCurrent, cuCtxPopCurrent): addresses.
+// set_driver(cuLaunchKernel, cuCtxGetCurrent, cuCtxPushCurrent, cuCtxPopCurrent,
+//            cuMemsetD8Async, cuMemsetD16Async, cuMemsetD32Async): addresses.
 PyObject* set_driver(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "set_driver expects 4 function addresses");
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "set_driver expects 7 function addresses");
     return nullptr;
   }
   launch_kernel = reinterpret_cast<LaunchKernel>(as_pointer(args[0]));
   ctx_get_current = reinterpret_cast<CtxGetCurrent>(as_pointer(args[1]));
   ctx_push = reinterpret_cast<CtxPush>(as_pointer(args[2]));
   ctx_pop = reinterpret_cast<CtxPop>(as_pointer(args[3]));
+  memset_d8 = reinterpret_cast<MemsetD8>(as_pointer(args[4]));
+  memset_d16 = reinterpret_cast<MemsetD16>(as_pointer(args[5]));
+  memset_d32 = reinterpret_cast<MemsetD32>(as_pointer(args[6]));
   if (PyErr_Occurred()) return nullptr;
   Py_RETURN_NONE;
 }
 
-// cuLaunchKernel with `ctx` made current for it when it is not already (torch's current
-// device may be another).
-CUresult launch_in_context(CUfunction fn, CUcontext ctx, const unsigned* dims, CUstream stream,
-                           void** params) {
+// f() with `ctx` made current for it when it is not already (torch's current device may be
+// another).
+template <class F> CUresult in_context(CUcontext ctx, F&& f) {
   CUcontext current = nullptr;
   CUresult err = ctx_get_current(&current);
   bool pushed = false;
@@ -63,15 +73,32 @@ CUresult launch_in_context(CUfunction fn, CUcontext ctx, const unsigned* dims, C
     err = ctx_push(ctx);
     pushed = err == 0;
   }
-  if (err == 0)
-    err = launch_kernel(fn, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream,
-                        params, nullptr);
+  if (err == 0) err = f();
   if (pushed) {
     CUcontext popped;
     CUresult pop_err = ctx_pop(&popped);
     if (err == 0) err = pop_err;
   }
   return err;
+}
+
+CUresult launch_in_context(CUfunction fn, CUcontext ctx, const unsigned* dims, CUstream stream,
+                           void** params) {
+  return in_context(ctx, [&] {
+    return launch_kernel(fn, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream, params,
+                         nullptr);
+  });
+}
+
+// `count` units of `unit` bytes (1, 2 or 4) from `data`, each `pattern`, on the stream: an
+// init_value's fill of a new output, which torch's fill_ makes ~4x dearer on the host.
+CUresult memset_in_context(CUcontext ctx, void* data, int unit, unsigned pattern, size_t count, CUstream stream) {
+  const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(data);
+  return in_context(ctx, [&] {
+    return unit == 4   ? memset_d32(p, pattern, count, stream)
+           : unit == 2 ? memset_d16(p, static_cast<unsigned short>(pattern), count, stream)
+                       : memset_d8(p, static_cast<unsigned char>(pattern), count, stream);
+  });
 }
 
 // launch(function, context, blocks_x, blocks_y, blocks_z, threads_x, threads_y, threads_z,
@@ -469,6 +496,33 @@ PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const Dims& dims
   return out;
 }
 
+// A new output's fill by the driver's memset on the stream: `fill` is (unit, pattern, units an
+// element), the output packed (it is new) with `dims`. A driver error goes where a launch's does.
+bool memset_output(const Torch* api, Plan* plan, PyObject* out, PyObject* fill, const Dims& dims, void* stream) {
+  size_t count = static_cast<size_t>(PyLong_AsLong(PyTuple_GET_ITEM(fill, 2)));
+  for (Py_ssize_t d = 0; d < dims.size; ++d) count *= static_cast<size_t>(dims.data[d]);
+  const int unit = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(fill, 0)));
+  const unsigned pattern = static_cast<unsigned>(PyLong_AsUnsignedLong(PyTuple_GET_ITEM(fill, 1)));
+  if (PyErr_Occurred()) return false;
+  if (count == 0) return true;
+  void* data;
+  if (api != nullptr) {
+    const int64_t *sizes, *strides;
+    if (api->view(out, &data, &sizes, &strides) < 0) return false;
+  } else {
+    long long v;
+    if (!call_int(out, str_data_ptr, &v)) return false;
+    data = reinterpret_cast<void*>(v);
+  }
+  CUresult err = memset_in_context(plan->ctx, data, unit, pattern, count, stream);
+  if (err == 0) return true;
+  PyObject* code = PyLong_FromLong(err);
+  PyObject* r = code ? PyObject_CallOneArg(plan->failed, code) : nullptr;
+  Py_XDECREF(code);
+  Py_XDECREF(r);
+  return r != nullptr;
+}
+
 // torch's current stream on the plan's device. fastcall_torch reads its id in C++ (~0.2 us less
 // than the Python call), and the handle of the id the plan saw last is kept: an id's handle
 // never changes (torch makes its stream pools once; an external stream's id is its handle). The
@@ -510,6 +564,8 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
     all_empty = all_empty && dims.has_zero();
   }
   if (all_empty) Py_RETURN_NONE;
+  void* stream;
+  if (!current_stream(api, plan, &stream)) return nullptr;
   PyObject* inputs = PySequence_Fast(inputs_arg, "inputs");
   if (inputs == nullptr) return nullptr;
   PyObject* outputs = PyList_New(n);
@@ -525,7 +581,9 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
     if (out == nullptr) goto fail;
     PyList_SET_ITEM(outputs, i, out);
     PyObject* prepare = PyTuple_GET_ITEM(plan->prepare, i);
-    if (prepare != Py_None) {
+    if (PyTuple_CheckExact(prepare)) {
+      if (!memset_output(api, plan, out, prepare, dims, stream)) goto fail;
+    } else if (prepare != Py_None) {
       PyObject* r = PyObject_CallOneArg(prepare, out);
       if (r == nullptr) goto fail;
       Py_DECREF(r);
@@ -543,8 +601,6 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
       Py_DECREF(inputs);
       Py_RETURN_NONE;
     }
-    void* stream;
-    if (!current_stream(api, plan, &stream)) goto fail;
     void* params[1] = {block};
     CUresult err = launch_in_context(plan->fn, plan->ctx, plan->dims, stream, params);
     if (err != 0) {

@@ -21,7 +21,7 @@ import torch
 
 from . import arrays, codegen, cross, debugging, fastcall, torch_ops
 from .arrays import DType, dtype_of
-from .backends import get_backend
+from .backends import Fill, get_backend
 from .dialects import identifiers
 from .errors import CompileError
 from .signature import ATTRIBUTES, NDIM_CAPACITY, InputSpec, Signature, check_identifier, template_args
@@ -261,7 +261,7 @@ class Kernel:
                 and all(t is x and (type(x) is torch.Tensor or arrays.is_scalar(x))
                         for t, x in zip(tensors, inputs)) and _key_fixes_device(tensors):
             prototypes = tuple(torch.empty((), dtype=d.torch, device=device) for d in out_dtypes)
-            prepare = tuple(_filler(f) if f is not None else _poison if _POISON else None for f in fills)
+            prepare = tuple(Fill(f) if f is not None else _poison if _POISON else None for f in fills)
             plans[plan_key] = backend.compiled_plan(
                 variant.program, grid, group, self.shared_memory, self.name, variant.signature,
                 prototypes, prepare) or _Plan(prototypes, prepare, variant.pack, tail, launch).run
@@ -614,11 +614,6 @@ def _new_output(shape, dtype, device, fill) -> torch.Tensor:
     elif _POISON:
         _poison(o)
     return o
-
-
-def _filler(value):
-    """What fills a new output with its init_value."""
-    return lambda t: t.fill_(value)
 
 
 def _poison(t: torch.Tensor) -> None:

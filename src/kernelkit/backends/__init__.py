@@ -20,6 +20,19 @@ def groups_per_grid(grid, group) -> tuple[int, int, int]:
     return tuple(-(-n // g) for n, g in zip(grid, group))
 
 
+class Fill:
+    """A new output's fill with its init_value: a step of kernel.py's plans, which the CUDA
+    backend's compiled plans take over (the driver's memset, where the value's bytes allow)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, t: torch.Tensor) -> None:
+        t.fill_(self.value)
+
+
 def get_backend(device: torch.device):
     backend = _LOADED.get(device.type)
     if backend is None:

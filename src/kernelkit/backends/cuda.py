@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import numbers
 import os
 import re
 import sys
@@ -21,7 +22,7 @@ import torch
 
 from .. import codegen
 from ..errors import CompileError, GPUFault, KernelLaunchError
-from . import groups_per_grid
+from . import Fill, groups_per_grid
 
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 # "fast" is --use_fast_math less its rewriting of the C math functions into intrinsics: the
@@ -306,9 +307,10 @@ def compiled_launcher():
         driver = _driver()
         flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
         entry = [_check(driver.cuGetProcAddress(n.encode(), 12000, flags), f"cuGetProcAddress({n})")[0]
-                 for n in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent")]
+                 for n in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent",
+                           "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async")]
         if not all(entry):
-            _launcher = "the driver does not export cuLaunchKernel and the context calls"
+            _launcher = "the driver does not export cuLaunchKernel, the context calls and the memsets"
         else:
             module.set_driver(*map(int, entry))
             _launcher = module
@@ -402,6 +404,7 @@ class CudaBackend:
             return None
         dev = program.device
         blocks = groups_per_grid(grid, group)
+        prepare = tuple(_memset(p, o.dtype) or p if type(p) is Fill else p for p, o in zip(prepare, prototypes))
         plan = module.make_plan(
             int(program.func), dev._context_int, (*blocks, *group, shared + program.tops_shared),
             signature.fill_table(),
@@ -409,6 +412,19 @@ class CudaBackend:
             _raw_stream or _current_stream, dev.index, prepare,
             functools.partial(_launch_failed, device=dev, name=name), torch.empty_like)
         return plan
+
+
+def _memset(fill: Fill, dtype: torch.dtype) -> tuple | None:
+    """fastcall.cpp's memset of a fill: (unit, pattern, units an element), where the value's
+    bytes in dtype are a pattern of 4, 2 or 1 bytes repeated (zeros of any dtype; float32 and
+    32-bit integers of any value); None for what fill_ must do (a tensor value, say)."""
+    if isinstance(fill.value, torch.Tensor) or not isinstance(fill.value, numbers.Number):
+        return None
+    raw = torch.empty(1, dtype=dtype).fill_(fill.value).view(torch.uint8).tolist()
+    for unit in (4, 2, 1):
+        if len(raw) % unit == 0 and raw == raw[:unit] * (len(raw) // unit):
+            return unit, int.from_bytes(bytes(raw[:unit]), "little"), len(raw) // unit
+    return None
 
 
 class _Program:
