@@ -251,7 +251,7 @@ class _Function(torch.autograd.Function):
         def rule(tensors):
             primals, kwargs = call.arguments(_with_tensors(ctx, tensors[:n_in]))
             # tangents mirror the primals: None for non-tensors, zeros for a tensor without one
-            tangent_leaves = [None] * len(ctx.leaves)
+            tangent_leaves = [None] * (n_in if ctx.leaves is None else len(ctx.leaves))
             for i, t in zip(ctx.tensor_at, tensors[n_in:]):
                 tangent_leaves[i] = t
             rule_tangents, _ = call.arguments(tangent_leaves)
@@ -317,11 +317,14 @@ def _keep(ctx, call, leaves, outputs, direct: bool) -> None:
     are, its tensors and outputs saved; direct: whether _Direct made it."""
     ctx.call, ctx.direct = call, direct
     ctx.tensor_at = call.tensor_at
-    ctx.leaves = leaves = list(leaves)
-    tensors = []
-    for i in call.tensor_at:
-        tensors.append(leaves[i])
-        leaves[i] = None
+    if len(call.tensor_at) == len(leaves):  # every leaf a tensor (the usual call): none to keep
+        ctx.leaves, tensors = None, leaves
+    else:
+        ctx.leaves = leaves = list(leaves)
+        tensors = []
+        for i in call.tensor_at:
+            tensors.append(leaves[i])
+            leaves[i] = None
     ctx.out_diff = [o.is_floating_point() or o.is_complex() for o in outputs]
     if False in ctx.out_diff:
         ctx.mark_non_differentiable(*[o for o, d in zip(outputs, ctx.out_diff) if not d])
@@ -341,12 +344,10 @@ def _backward(ctx, grads) -> tuple:
 
     def rule(tensors):
         leaves = _with_tensors(ctx, tensors[:n_in])
-        primals, kwargs = call.arguments(leaves)
+        args, kwargs = call.unflatten(leaves)
         n_out = len(ctx.out_diff)
-        outputs = _unflatten(call.out_spec, tensors[n_in:n_in + n_out])
-        cotangents = _unflatten(call.out_spec, tensors[n_in + n_out:])
-        result = call.fun._vjp(primals, cotangents, outputs, **kwargs)
-        return _gradients(call.fun, call.n_primal, leaves, result)
+        return vjp_gradients(call.fun, args, kwargs, leaves, call.n_primal, call.out_spec,
+                             tensors[n_in:n_in + n_out], tensors[n_in + n_out:])
 
     saved = ctx.saved_tensors
     outputs = saved[n_in:]
@@ -355,6 +356,8 @@ def _backward(ctx, grads) -> tuple:
         grads = rule([*saved, *grads])  # (nothing is wrapped: neither the forward nor this runs in torch.func)
     else:
         grads = _below_functorch(call.fun, "vjp", rule, [*saved, *grads])
+    if ctx.leaves is None:
+        return (None, *grads)
     out = [None] * (1 + len(ctx.leaves))
     for i, g in zip(ctx.tensor_at, grads):
         out[1 + i] = g
@@ -379,6 +382,8 @@ def _leaves(tree) -> list:
 
 def _with_tensors(ctx, tensors) -> list:
     """The call's leaves, with `tensors` (saved or unwrapped) at the tensor positions."""
+    if ctx.leaves is None:  # all tensors
+        return list(tensors)
     leaves = list(ctx.leaves)
     for i, t in zip(ctx.tensor_at, tensors):
         leaves[i] = t
