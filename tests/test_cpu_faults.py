@@ -100,6 +100,36 @@ def test_integer_division_by_zero(checks, sync):
 
 
 @pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_a_fault_on_the_fast_path_is_a_launch_error(sync):
+    """A plain call repeated runs on its plan (fastcall.cpp calls the library without the GIL):
+    a fault there is the same KernelLaunchError, and the next call works."""
+    from kernelkit import fastcall
+    if isinstance(fastcall.module(), str):  # (plans wait for the extension: have it now)
+        pytest.skip("no fastcall extension here")
+    k = kk.metal_kernel(name="div_zero_plan", input_names=["inp"], output_names=["out"], source=f"""
+        uint i = thread_position_in_grid.x;
+        {sync}
+        out[i] = 100 / inp[i];
+    """)
+    n = 32
+    x = torch.randint(1, 50, (n,), dtype=torch.int32)
+
+    def call():
+        return k(inputs=[x], grid=(n, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(n,)],
+                 output_dtypes=[torch.int32])[0]
+    for _ in range(3):  # by the third, a plan
+        assert call().tolist() == [100 // v for v in x.tolist()]
+    assert k._plans
+    x[13] = 0
+    with pytest.raises(kk.KernelLaunchError) as e:
+        call()
+    assert "kernel 'div_zero_plan'" in str(e.value) and "SIGFPE" in str(e.value)
+    assert thread_of(str(e.value)) == (5, 1, 13)
+    x[13] = 4
+    assert call().tolist() == [100 // v for v in x.tolist()]
+
+
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
 def test_int_min_divided_by_minus_one(sync):
     k = kk.metal_kernel(name="div_overflow", input_names=["a", "b"], output_names=["out"],
                         source=f"""

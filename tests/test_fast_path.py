@@ -245,7 +245,7 @@ def test_the_compiled_launcher_packs_as_the_python_packer(uses, lent):
     tail = (1000, 3, 2, 4096)
     plan = module.make_plan(0, 0, (1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block(tail),
                             (torch.empty(()), torch.empty((), dtype=torch.int32)), torch.Size,
-                            lambda i: 0, 0, (None, None), lambda err: None, torch.empty_like)
+                            lambda i: 0, 0, (None, None), lambda err: None, torch.empty_like, None)
     assert module.pack(plan, inputs, outputs) == sig.packer()(inputs, outputs, tail)
     with pytest.raises(OverflowError, match="int32"):
         module.pack(plan, [a, 1.0, inputs[2], 2**40, True], outputs)
@@ -422,17 +422,17 @@ def test_a_plan_refuses_too_few_inputs_or_outputs():
                     [("out", f32)], False, [], {"thread_position_in_grid"})
     args = ((1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block((1, 1, 1, 0)))
     plan = module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, (None,),
-                            lambda err: None, torch.empty_like)
+                            lambda err: None, torch.empty_like, None)
     with pytest.raises(ValueError, match="fewer inputs or outputs"):
         module.pack(plan, [torch.empty(2)], [torch.empty(2)])
     with pytest.raises(ValueError, match="fewer inputs or outputs"):
         module.pack(plan, [torch.empty(2), torch.empty(2)], [])
     with pytest.raises(ValueError, match="more output fields than prototypes"):
         module.make_plan(0, 0, *args, (), torch.Size, lambda i: 0, 0, (), lambda err: None,
-                         torch.empty_like)
+                         torch.empty_like, None)
     with pytest.raises(TypeError, match="bad arguments"):  # a prepare entry per prototype
         module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, (), lambda err: None,
-                         torch.empty_like)
+                         torch.empty_like, None)
 
 
 def test_every_output_empty_after_a_plan_runs_no_kernel(device, lent, monkeypatch):

@@ -1,9 +1,10 @@
 // kernelkit's fast call path in C (kernel.py's plans; fastcall.py builds and loads this file).
 //
-// `call` reads a repeated call's plan key off its arguments and runs the plan; on CUDA, `run`
-// is a whole plan: allocate the outputs, pack the argument block from the tensors' pointers,
-// cuLaunchKernel on torch's current stream. Python and cuda-bindings take ~2x the host time for
-// the same steps. The driver's entry points come from cuda-bindings' cuGetProcAddress
+// `call` reads a repeated call's plan key off its arguments and runs the plan; `run` is a whole
+// plan: allocate the outputs, pack the argument block from the tensors' pointers, then on CUDA
+// cuLaunchKernel on torch's current stream (Python and cuda-bindings take ~2x the host time for
+// the same steps), on the CPU the kernel library's kk_launch (ctypes and kernel.py's plan took
+// ~5x). The driver's entry points come from cuda-bindings' cuGetProcAddress
 // (set_driver), so this file links nothing and includes no CUDA header: the typedefs below are
 // the driver API's stable C ABI. It includes no torch header either (a wheel carries it built,
 // whatever torch is installed): tensors are read and outputs allocated through torch's Python
@@ -32,6 +33,9 @@ using CUdeviceptr = unsigned long long;
 using MemsetD8 = CUresult (*)(CUdeviceptr, unsigned char, size_t, CUstream);
 using MemsetD16 = CUresult (*)(CUdeviceptr, unsigned short, size_t, CUstream);
 using MemsetD32 = CUresult (*)(CUdeviceptr, unsigned, size_t, CUstream);
+// The CPU backend's entry of a kernel library (kk_launch): block, launch description, message
+// buffer and its size -> 0, or not with the message written.
+using CpuLaunch = int (*)(const char*, const void*, char*, size_t);
 
 LaunchKernel launch_kernel = nullptr;
 CtxGetCurrent ctx_get_current = nullptr;
@@ -180,6 +184,8 @@ struct Field {
   int kind, index, offset, capacity;
 };
 
+// A plan runs on CUDA (fn: a CUfunction, ctx: its context, launched on torch's current stream)
+// or on the CPU (stream None; fn: the library's kk_launch, ctx: its launch description).
 struct Plan {
   void* fn;
   void* ctx;
@@ -200,7 +206,8 @@ struct Plan {
   int64_t stream_id = 0;
   void* stream_handle = nullptr;
   PyObject* prepare;      // per output: None, or prepare(tensor) for each new one (fill, poison)
-  PyObject* failed;       // failed(CUresult): raises
+  PyObject* failed;       // failed(CUresult), or on the CPU failed(message bytes): raises
+  PyObject* keep;         // what fn and ctx point into (the CPU's launch description)
   Py_ssize_t n_inputs = 0, n_outputs = 0;  // the sequences' least lengths the fields read
   // The words (see Words) of the first call that found this plan by its key, and the objects
   // whose identities are among them, held so that no other object takes their address.
@@ -225,6 +232,7 @@ void destroy(Plan* plan) {
   Py_XDECREF(plan->index);
   Py_XDECREF(plan->prepare);
   Py_XDECREF(plan->failed);
+  Py_XDECREF(plan->keep);
   for (PyObject* p : plan->held) Py_DECREF(p);
   delete plan;
 }
@@ -234,9 +242,10 @@ void plan_free(PyObject* capsule) {
 }
 
 // make_plan(fn, ctx, dims(7 ints), fields((kind, index, offset, capacity), ...), block(bytes),
-//           prototypes(tuple), shape_type, stream, index, prepare(tuple), failed, empty_like) -> capsule
+//           prototypes(tuple), shape_type, stream, index, prepare(tuple), failed, empty_like,
+//           keep) -> capsule. stream: stream(index) -> torch's current raw stream, or None on the CPU.
 PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 12 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 7 ||
+  if (nargs != 13 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 7 ||
       !PyTuple_Check(args[3]) || !PyBytes_Check(args[4]) || !PyTuple_Check(args[5]) ||
       !PyTuple_Check(args[9]) || PyTuple_GET_SIZE(args[9]) != PyTuple_GET_SIZE(args[5])) {
     PyErr_SetString(PyExc_TypeError, "make_plan: bad arguments");
@@ -264,6 +273,7 @@ PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     plan->shaped.push_back(nullptr);
   }
   plan->empty_like = Py_NewRef(args[11]);
+  plan->keep = Py_NewRef(args[12]);
   PyObject** refs[] = {&plan->shape_type, &plan->stream, &plan->index, &plan->prepare, &plan->failed};
   for (int i = 0; i < 5; ++i) {
     Py_INCREF(args[6 + i]);
@@ -549,7 +559,8 @@ bool current_stream(const Torch* api, Plan* plan, void** stream) {
 }
 
 PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
-  if (launch_kernel == nullptr) {
+  const bool cpu = plan->stream == Py_None;
+  if (!cpu && launch_kernel == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "kernelkit's CUDA launcher has no driver entry points");
     return nullptr;
   }
@@ -564,8 +575,8 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
     all_empty = all_empty && dims.has_zero();
   }
   if (all_empty) Py_RETURN_NONE;
-  void* stream;
-  if (!current_stream(api, plan, &stream)) return nullptr;
+  void* stream = nullptr;
+  if (!cpu && !current_stream(api, plan, &stream)) return nullptr;
   PyObject* inputs = PySequence_Fast(inputs_arg, "inputs");
   if (inputs == nullptr) return nullptr;
   PyObject* outputs = PyList_New(n);
@@ -601,12 +612,26 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
       Py_DECREF(inputs);
       Py_RETURN_NONE;
     }
-    void* params[1] = {block};
-    CUresult err = launch_in_context(plan->fn, plan->ctx, plan->dims, stream, params);
-    if (err != 0) {
-      PyObject* code = PyLong_FromLong(err);
-      PyObject* r = code ? PyObject_CallOneArg(plan->failed, code) : nullptr;
-      Py_XDECREF(code);
+    PyObject* why = nullptr;  // what failed() is told
+    if (cpu) {
+      // The kernel runs without the GIL, as the ctypes call of the Python plans did.
+      char message[2048] = "";  // (the CPU backend's _ERROR_CAPACITY)
+      int err;
+      Py_BEGIN_ALLOW_THREADS
+      err = reinterpret_cast<CpuLaunch>(plan->fn)(block, plan->ctx, message, sizeof message);
+      Py_END_ALLOW_THREADS
+      if (err != 0) {
+        why = PyBytes_FromString(message);
+        if (why == nullptr) goto fail;
+      }
+    } else {
+      void* params[1] = {block};
+      CUresult err = launch_in_context(plan->fn, plan->ctx, plan->dims, stream, params);
+      if (err != 0 && (why = PyLong_FromLong(err)) == nullptr) goto fail;
+    }
+    if (why != nullptr) {
+      PyObject* r = PyObject_CallOneArg(plan->failed, why);
+      Py_DECREF(why);
       Py_XDECREF(r);
       if (r == nullptr) goto fail;
     }

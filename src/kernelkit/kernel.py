@@ -531,7 +531,8 @@ def _fast_call_ready() -> bool:
 
 class _Plan:
     """Everything of a plain call but its arrays, kept after a first call made the general way:
-    `run` allocates the outputs, packs and launches. (The CUDA backend has the same in C.)"""
+    `run` allocates the outputs, packs and launches. (Both backends have the same in C,
+    fastcall.cpp's plans; this one runs where that extension is absent.)"""
 
     __slots__ = ("prototypes", "prepare", "pack", "tail", "launch")
 
