@@ -558,6 +558,22 @@ bool current_stream(const Torch* api, Plan* plan, void** stream) {
   return true;
 }
 
+// A CPU plan's launch: the library's kk_launch, without the GIL as ctypes calls it; its failure
+// (a fault, a barrier that cannot complete) to failed(message), which raises.
+bool launch_on_cpu(Plan* plan, const char* block) {
+  char message[2048] = "";  // (the CPU backend's _ERROR_CAPACITY; the runtime ends it with a NUL)
+  int err;
+  Py_BEGIN_ALLOW_THREADS
+  err = reinterpret_cast<CpuLaunch>(plan->fn)(block, plan->ctx, message, sizeof message);
+  Py_END_ALLOW_THREADS
+  if (err == 0) return true;
+  PyObject* why = PyBytes_FromString(message);
+  PyObject* r = why ? PyObject_CallOneArg(plan->failed, why) : nullptr;
+  Py_XDECREF(why);
+  Py_XDECREF(r);
+  return r != nullptr;
+}
+
 PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
   const bool cpu = plan->stream == Py_None;
   if (!cpu && launch_kernel == nullptr) {
@@ -612,28 +628,18 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
       Py_DECREF(inputs);
       Py_RETURN_NONE;
     }
-    PyObject* why = nullptr;  // what failed() is told
     if (cpu) {
-      // The kernel runs without the GIL, as the ctypes call of the Python plans did.
-      char message[2048] = "";  // (the CPU backend's _ERROR_CAPACITY)
-      int err;
-      Py_BEGIN_ALLOW_THREADS
-      err = reinterpret_cast<CpuLaunch>(plan->fn)(block, plan->ctx, message, sizeof message);
-      Py_END_ALLOW_THREADS
-      if (err != 0) {
-        why = PyBytes_FromString(message);
-        if (why == nullptr) goto fail;
-      }
+      if (!launch_on_cpu(plan, block)) goto fail;
     } else {
       void* params[1] = {block};
       CUresult err = launch_in_context(plan->fn, plan->ctx, plan->dims, stream, params);
-      if (err != 0 && (why = PyLong_FromLong(err)) == nullptr) goto fail;
-    }
-    if (why != nullptr) {
-      PyObject* r = PyObject_CallOneArg(plan->failed, why);
-      Py_DECREF(why);
-      Py_XDECREF(r);
-      if (r == nullptr) goto fail;
+      if (err != 0) {
+        PyObject* code = PyLong_FromLong(err);
+        PyObject* r = code ? PyObject_CallOneArg(plan->failed, code) : nullptr;
+        Py_XDECREF(code);
+        Py_XDECREF(r);
+        if (r == nullptr) goto fail;
+      }
     }
   }
   Py_DECREF(inputs);
