@@ -78,14 +78,19 @@ def works_after(k, inputs, n, ref):
     assert run(k, inputs, n).tolist() == ref
 
 
-@pytest.mark.parametrize("checks", CHECKS, ids=["plain", "check_bounds", "timeout"])
-@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
-def test_integer_division_by_zero(checks, sync):
-    k = kk.metal_kernel(name="div_zero", input_names=["inp"], output_names=["out"], source=f"""
+def divide(name: str, sync: str):
+    """out = 100 / inp, elementwise (a SIGFPE where inp is 0)."""
+    return kk.metal_kernel(name=name, input_names=["inp"], output_names=["out"], source=f"""
         uint i = thread_position_in_grid.x;
         {sync}
         out[i] = 100 / inp[i];
     """)
+
+
+@pytest.mark.parametrize("checks", CHECKS, ids=["plain", "check_bounds", "timeout"])
+@pytest.mark.parametrize("sync", SYNC, ids=["loop", "fibers"])
+def test_integer_division_by_zero(checks, sync):
+    k = divide("div_zero", sync)
     n = 64
     x = torch.randint(1, 50, (n,), dtype=torch.int32)
     bad = int(torch.randint(0, n, ()))
@@ -106,11 +111,7 @@ def test_a_fault_on_the_fast_path_is_a_launch_error(sync):
     from kernelkit import fastcall
     if isinstance(fastcall.module(), str):  # (plans wait for the extension: have it now)
         pytest.skip("no fastcall extension here")
-    k = kk.metal_kernel(name="div_zero_plan", input_names=["inp"], output_names=["out"], source=f"""
-        uint i = thread_position_in_grid.x;
-        {sync}
-        out[i] = 100 / inp[i];
-    """)
+    k = divide("div_zero_plan", sync)
     n = 32
     x = torch.randint(1, 50, (n,), dtype=torch.int32)
 

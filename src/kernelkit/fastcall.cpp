@@ -506,6 +506,15 @@ PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const Dims& dims
   return out;
 }
 
+// failed(why) of a plan whose launch failed (why: a new reference, or null with an error set);
+// false when it raised, as it does.
+bool told_failed(Plan* plan, PyObject* why) {
+  PyObject* r = why ? PyObject_CallOneArg(plan->failed, why) : nullptr;
+  Py_XDECREF(why);
+  Py_XDECREF(r);
+  return r != nullptr;
+}
+
 // A new output's fill by the driver's memset on the stream: `fill` is (unit, pattern, units an
 // element), the output packed (it is new) with `dims`. A driver error goes where a launch's does.
 bool memset_output(const Torch* api, Plan* plan, PyObject* out, PyObject* fill, const Dims& dims, void* stream) {
@@ -525,12 +534,7 @@ bool memset_output(const Torch* api, Plan* plan, PyObject* out, PyObject* fill, 
     data = reinterpret_cast<void*>(v);
   }
   CUresult err = memset_in_context(plan->ctx, data, unit, pattern, count, stream);
-  if (err == 0) return true;
-  PyObject* code = PyLong_FromLong(err);
-  PyObject* r = code ? PyObject_CallOneArg(plan->failed, code) : nullptr;
-  Py_XDECREF(code);
-  Py_XDECREF(r);
-  return r != nullptr;
+  return err == 0 || told_failed(plan, PyLong_FromLong(err));
 }
 
 // torch's current stream on the plan's device. fastcall_torch reads its id in C++ (~0.2 us less
@@ -566,12 +570,7 @@ bool launch_on_cpu(Plan* plan, const char* block) {
   Py_BEGIN_ALLOW_THREADS
   err = reinterpret_cast<CpuLaunch>(plan->fn)(block, plan->ctx, message, sizeof message);
   Py_END_ALLOW_THREADS
-  if (err == 0) return true;
-  PyObject* why = PyBytes_FromString(message);
-  PyObject* r = why ? PyObject_CallOneArg(plan->failed, why) : nullptr;
-  Py_XDECREF(why);
-  Py_XDECREF(r);
-  return r != nullptr;
+  return err == 0 || told_failed(plan, PyBytes_FromString(message));
 }
 
 PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
@@ -633,13 +632,7 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
     } else {
       void* params[1] = {block};
       CUresult err = launch_in_context(plan->fn, plan->ctx, plan->dims, stream, params);
-      if (err != 0) {
-        PyObject* code = PyLong_FromLong(err);
-        PyObject* r = code ? PyObject_CallOneArg(plan->failed, code) : nullptr;
-        Py_XDECREF(code);
-        Py_XDECREF(r);
-        if (r == nullptr) goto fail;
-      }
+      if (err != 0 && !told_failed(plan, PyLong_FromLong(err))) goto fail;
     }
   }
   Py_DECREF(inputs);
