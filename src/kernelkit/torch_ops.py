@@ -48,7 +48,11 @@ _SEEN_NAMES: dict = {}  # custom_function qualname -> how many were made
 _LOCAL: dict = {}  # spec -> non-literal arguments of a custom_function call (this process only)
 _SCALAR_KINDS = {bool: "b", int: "i", float: "f"}
 _SCALAR_TYPES = {"b": bool, "i": int, "f": float}
-_fake = threading.local()  # fake.depth > 0: inside a fake implementation (its mode is off there)
+class _Depth(threading.local):
+    depth = 0  # every thread's first (a class default: a missing attribute costs a raised error)
+
+
+_fake = _Depth()  # fake.depth > 0: inside a fake implementation (its mode is off there)
 
 
 def kernel_key(kernel) -> str:
@@ -91,7 +95,7 @@ def tracing() -> bool:
     """Whether a kernel call must go through the ops: Dynamo is tracing, a fake mode is on, or a
     fake implementation is running the function."""
     return torch.compiler.is_compiling() or _get_mode(_FAKE_MODE) is not None or \
-        getattr(_fake, "depth", 0) > 0
+        _fake.depth > 0
 
 
 def _literal(value):
@@ -373,7 +377,7 @@ def _forward(spec: str, tensors) -> list:
 
 
 def _custom_function_fake(spec, tensors):
-    _fake.depth = getattr(_fake, "depth", 0) + 1
+    _fake.depth += 1
     try:
         return _forward(spec, tensors)  # its kernels answer through launch's fake
     finally:
