@@ -159,10 +159,13 @@ def _sm90_forward_plan(q, k, v, causal: bool, layout: str):
 def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     """(o, lse) by the Hopper kernel, or None where it does not apply."""
     plan = _signature("forward", (q, k, v), (causal, layout), lambda: _sm90_forward_plan(q, k, v, causal, layout))
-    views = None if plan is None or scale <= 0 else plan[0].take((q, k, v))
-    if views is None:
+    if plan is None or scale <= 0:
         return None
-    o, lse, _ = _sm90_forward(inputs=[*views, float(scale), causal], **plan[1])
+    views, args = plan
+    tensors = views.take((q, k, v))
+    if tensors is None:
+        return None
+    o, lse, _ = _sm90_forward(inputs=[*tensors, float(scale), causal], **args)
     return o, lse
 
 
@@ -197,15 +200,17 @@ def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, lay
     """(dq, dk, dv) by the Hopper kernels, or None where they do not apply."""
     dout = dout.to(q.dtype)
     plan = _signature("backward", (q, k, v, o, dout), (layout,), lambda: _sm90_backward_plan(q, k, v, o, dout, layout))
-    views = None if plan is None or scale <= 0 else plan[0].take((q, k, v))
-    if views is None:
+    if plan is None or scale <= 0:
         return None
-    o4, do4 = plan[0].take((o, dout), first=3, copy=True)
-    B, H, Sq = plan[4]
+    views, prep_args, backward_args, dq_args, (B, H, Sq) = plan
+    qkv = views.take((q, k, v))
+    if qkv is None:
+        return None
+    o4, do4 = views.take((o, dout), first=3, copy=True)
     dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
-    lse2, delta, dq_acc = _sm90_prep(inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], **plan[1])
-    dk, dv = _sm90_backward(inputs=[*views, do4, lse2, delta, dq_acc, float(scale), causal], **plan[2])
-    dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], **plan[3])
+    lse2, delta, dq_acc = _sm90_prep(inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], **prep_args)
+    dk, dv = _sm90_backward(inputs=[*qkv, do4, lse2, delta, dq_acc, float(scale), causal], **backward_args)
+    dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], **dq_args)
     return dq, dk, dv
 
 
