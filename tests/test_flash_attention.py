@@ -183,10 +183,13 @@ def test_sm90_backward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
                               output_shapes=[meta.shape, meta.shape], output_dtypes=[dtype, dtype],
                               template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384 * 132, 1, 1),
                               threadgroup=(384, 1, 1))
-    # K and V (128 x D), two stages of Q, dO (64 x D) and their 64 lse2 and delta, two 128 x 64 dS^T
-    # buffers, four 64 x 64 float dQ buffers, barriers and maps
+    # K and V (128 x D), two stages of Q, dO (block_q x D: 128 queries at D = 64, else 64) and their
+    # lse2 and delta, the 128 x block_q dS^T buffers (one at D = 64, else two), four 64 x 64 float
+    # dQ buffers, barriers and maps
+    block_q, ds_buffers = (128, 1) if D == 64 else (64, 2)
     assert compiled.arch == "sm_90a"
-    assert tensor_ops_shared(compiled.binary) == 2 * 128 * D * 2 + 2 * (2 * 64 * D * 2 + 512) + 2 * 16384 + 4 * 16384 + 1792
+    assert tensor_ops_shared(compiled.binary) == (2 * 128 * D * 2 + 2 * (2 * block_q * D * 2 + 2 * 4 * block_q)
+                                                  + ds_buffers * 128 * block_q * 2 + 4 * 16384 + 1792)
     for kernel, inputs, outs, template in (
             (fa._sm90_prep, [meta, meta, rows, rows], [rows.shape, rows.shape, sums.shape], [("T", dtype), ("D", D)]),
             (fa._sm90_dq, [sums, 0.1, 2, 16, 256], [meta.shape], [("T", dtype), ("D", D), ("BSHD", True)])):
@@ -258,6 +261,7 @@ def test_sm90_forward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layou
     (3, 5, 5, 1, 1000, 64, False, "bhsd"),     # a single query
     (1, 3, 1, 257, 1, 128, True, "bshd"),      # a single key
     (1, 2, 2, 128, 256, 128, False, "bhsd"),   # whole blocks
+    (2, 4, 4, 320, 320, 64, True, "bhsd"),     # D = 64's 128-query steps: half of the last one past Sq
 ])
 def test_sm90_backward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layout):
     """The Hopper backward (dq, dk, dv, with the lse's cotangent too) against float64."""

@@ -65,7 +65,11 @@ _sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "
                               ["dk", "dv"])
 _sm90_dq = _sm90_kernel("sm90_dq", ["dq_acc", "scale", "batches", "heads", "rows"], ["dq"])
 _SM90_BLOCK = 128  # queries a forward tile, keys a backward one
-_SM90_ROWS = 64    # queries a backward step
+
+
+def _sm90_rows(d: int) -> int:
+    """Queries a backward step (attention_backward's block_q)."""
+    return 128 if d == 64 else 64
 
 
 def _tma_strides(shape, strides, size: int) -> tuple | None:
@@ -179,7 +183,7 @@ def _sm90_backward_plan(q, k, v, o, dout, layout: str):
         return None
     B, H, Sq, D = _bhsd(q, layout).shape
     Hkv, Sk = _bhsd(k, layout).shape[1:3]
-    sqp = -(-Sq // _SM90_ROWS) * _SM90_ROWS
+    sqp = -(-Sq // _sm90_rows(D)) * _sm90_rows(D)
     launch = hopper.launch(q.device, -(-Sk // _SM90_BLOCK) * Hkv * B)
     if launch is None:
         return None

@@ -17,5 +17,5 @@
   const long batch = long(Hkv) * Sk * D, head = BSHD ? D : long(Sk) * D, row = BSHD ? long(Hkv) * D : D;
   const F::output tdk{dk, batch, head, row}, tdv{dv, batch, head, row};
   float* sums = const_cast<float*>(dq_acc);
-  int* next_tile = reinterpret_cast<int*>(sums + long(B) * H * ((Sq + 63) / 64 * 64) * D);
+  int* next_tile = reinterpret_cast<int*>(sums + long(B) * H * ((Sq + F::block_q - 1) / F::block_q * F::block_q) * D);
   F::run(tq, tk, tv, tdo, lse2, delta, sums, tdk, tdv, next_tile, B, H, Hkv, Sq, Sk, scale[0], causal[0]);

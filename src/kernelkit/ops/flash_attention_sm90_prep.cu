@@ -1,5 +1,5 @@
 // The Hopper backward's per-query inputs (tensor_ops/sm90_attention_backward.h), for each row of
-// the (B, H, Sqp) outputs (Sqp: Sq rounded up to 64, the rows past Sq zero): lse2 = lse * log2(e)
+// the (B, H, Sqp) outputs (Sqp: Sq rounded up to the backward's block_q, the rows past Sq zero): lse2 = lse * log2(e)
 // and delta = rowsum(dout * o) - dlse; and the backward's float sums zeroed, D of them a row, then
 // its tile counter (dq_acc: B * H * Sqp * D + 4 floats), so that no fill runs before it. o, dout:
 // (B, H, Sq, D) views, rows packed and 16-byte aligned; lse, dlse: (B, H, Sq) views (dlse may
@@ -7,7 +7,8 @@
 
   constexpr int L = D / 8;
   const long r = (long(blockIdx.x) * blockDim.x + threadIdx.x) / L;
-  const int l = int(threadIdx.x) % L, Sq = o_shape[2], H = o_shape[1], Sqp = (Sq + 63) / 64 * 64;
+  constexpr int QB = kk::tops::sm90::attention_backward<T, D>::block_q;
+  const int l = int(threadIdx.x) % L, Sq = o_shape[2], H = o_shape[1], Sqp = (Sq + QB - 1) / QB * QB;
   const long rows = long(o_shape[0]) * H * Sqp;
   if (r >= rows) return;  // (whole warps: rows is a multiple of 64, a warp takes 32 / L of them)
   const int s = int(r % Sqp), h = int(r / Sqp % H), b = int(r / Sqp / H);

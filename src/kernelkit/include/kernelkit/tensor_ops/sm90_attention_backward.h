@@ -21,7 +21,7 @@
 //   struct attention_backward {
 //     static constexpr int threads = 384;    // 2 consumer warpgroups, a producer one
 //     static constexpr int block_k = 128;    // keys a tile (64 a consumer warpgroup)
-//     static constexpr int block_q = 64;     // queries a step
+//     static constexpr int block_q;          // queries a step: 128 at D = 64, 64 at D = 128
 //     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
 //     struct operand { const T* p; long batch, head, row; };   // strides, elements
 //     struct output { T* p; long batch, head, row; };
@@ -38,22 +38,22 @@
 //   cotangent. The operands' limits are TMA's (the caller checks them), scale > 0.
 // - dk, dv (Sk rows, Hkv heads; d packed) are written: dk = scale * sum over the queries of dS^T Q,
 //   dv = sum of P^T dout, over every query head that reads the key head (grouped-query attention
-//   needs no reduction after). dq_acc, (B, H, Sqp / 64, 64 * D) floats zeroed by the caller,
-//   gets dS K (unscaled) added in wgmma's accumulator order: dq_coord(i) names the elements of
-//   floats 4i .. 4i + 3 of a query block's 64 * D.
+//   needs no reduction after). dq_acc, (B, H, Sqp / block_q, block_q * D) floats zeroed by the
+//   caller, gets dS K (unscaled) added in wgmma's accumulator order: dq_coord(i) names the
+//   elements of floats 4i .. 4i + 3 of a query block's block_q * D.
 // - Launch a 1-D grid of one threadgroup an SM (or a tile, if fewer) over the ceil(Sk / 128) * Hkv
 //   * B tiles; next_tile points to an int the caller zeroed. Tile i is key block i % blocks of
 //   key head i / blocks % Hkv, batch i / blocks / Hkv. As persistent_gemm: no extern __shared__
 //   of the kernel's own, and the kernel's header defines KK_MAX_THREADS_PER_THREADGROUP 384
 //   (setmaxnreg 40 / 232).
 //
-// A step, for this warpgroup's 64 keys and a block of 64 queries (scores transposed, keys as rows,
+// A step, for this warpgroup's 64 keys and a block of queries (scores transposed, keys as rows,
 // so that P^T and dS^T are wgmma's A fragments where they lie in registers):
 //   S^T = K Q^T and dP^T = V dO^T, both issued before either is waited for;
 //   P^T = exp2(S^T * scale * log2(e) - lse2), dS^T = P^T * (dP^T - delta);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B MN-major by wgmma's transpose bit);
-//   dS^T to shared memory, then dQ = dS K (at D = 128 warpgroup g takes columns [64 g, 64 g + 64)
-//   over all 128 keys; at D = 64 all columns over its own 64 keys), through shared memory in
+//   dS^T to shared memory, then dQ = dS K over all 128 keys (warpgroup g takes at D = 128 columns
+//   [64 g, 64 g + 64), at D = 64 queries [64 g, 64 g + 64) of the 128), through shared memory in
 //   accumulator order to one bulk reduce-add, issued under the next step's S^T and dP^T.
 #pragma once
 
@@ -66,7 +66,10 @@ template <class T, int D>
 struct attention_backward {
   static constexpr int E = wgmma_type<T>::id;
   static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16) && (D == 64 || D == 128);
-  static constexpr int threads = 384, consumer_threads = 256, block_k = 128, block_q = 64, Stages = 2;
+  // Queries a step: 128 at D = 64 (the registers hold its scores; the MMAs' n doubles and dQ is
+  // summed over all 128 keys before its reduce-add, half the traffic), 64 at D = 128.
+  static constexpr int threads = 384, consumer_threads = 256, block_k = 128, block_q = D == 64 ? 128 : 64;
+  static constexpr int Stages = 2;
   static constexpr int DC = D / 64;                         // 128-byte chunks of a row
   static constexpr int box = 64 * 128;                      // a TMA box: 64 rows x 128 bytes
   static constexpr int kv_bytes = block_k * D * 2;          // K or V
@@ -74,9 +77,14 @@ struct attention_backward {
   static constexpr int vec_bytes = block_q * 4;             // a stage's lse2 or delta
   static constexpr int stage_bytes = 2 * q_bytes + 2 * vec_bytes;
   static constexpr int ds_bytes = block_k * block_q * 2;    // dS^T of both warpgroups
+  // dS^T double-buffered where shared memory has room (at D = 64 one buffer, a barrier before it
+  // is rewritten: two would be 233,216 bytes, above the 232,448 a threadgroup may have)
+  static constexpr int ds_buffers = D == 64 ? 1 : 2;
   static constexpr int dq_bytes = 64 * 64 * 4;              // a warpgroup's dQ product (two buffers each)
-  // K, V; the stages; two dS^T buffers; four dQ buffers; barriers (256), 4 maps (512), + 1024 to align
-  static constexpr int smem_bytes = 2 * kv_bytes + Stages * stage_bytes + 2 * ds_bytes + 4 * dq_bytes + 256 + 512 + 1024;
+  // K, V; the stages; the dS^T buffers; four dQ buffers; barriers (256), 4 maps (512), + 1024 to align
+  static constexpr int smem_bytes =
+      2 * kv_bytes + Stages * stage_bytes + ds_buffers * ds_bytes + 4 * dq_bytes + 256 + 512 + 1024;
+  static_assert(block_q == 64 || DC == 1, "a stage's Q and dO are [64-row chunk][128-byte column chunk]");
 
   struct operand {
     const T* p;
@@ -88,11 +96,12 @@ struct attention_backward {
   };
 
   // Floats 4i .. 4i + 3 of a query block's dQ sums: elements (row, col), (row, col + 1),
-  // (row + 8, col), (row + 8, col + 1) of the block (a thread's accumulators 4v .. 4v + 3).
+  // (row + 8, col), (row + 8, col + 1) of the block (a thread's accumulators 4v .. 4v + 3 of
+  // warpgroup g's 64 x 64 product: at D = 128 its 64 columns, at D = 64 its 64 queries).
   __host__ __device__ static void dq_coord(int i, int& row, int& col) {
     const int g = i >> 10, v = (i >> 7) & 7, tw = i & 127, lane = tw & 31;
-    row = (tw >> 5) * 16 + (lane >> 2);
-    col = g * 64 + v * 8 + (lane & 3) * 2;
+    row = (D == 64 ? g * 64 : 0) + (tw >> 5) * 16 + (lane >> 2);
+    col = (D == 64 ? 0 : g * 64) + v * 8 + (lane & 3) * 2;
   }
 
   __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& dout,
@@ -107,7 +116,7 @@ struct attention_backward {
     using namespace detail;
     const unsigned base = persistent_smem<smem_bytes, threads>();
     const unsigned ks = base, vs = ks + kv_bytes, stages = vs + kv_bytes, dss = stages + Stages * stage_bytes;
-    const unsigned dqs = dss + 2 * ds_bytes, bars = dqs + 4 * dq_bytes, maps = bars + 256;
+    const unsigned dqs = dss + ds_buffers * ds_bytes, bars = dqs + 4 * dq_bytes, maps = bars + 256;
     const unsigned kv_full = bars, kv_empty = bars + 8, full = bars + 16, empty = full + 8 * Stages;
     // the tile in K and V (index, key block, key head, batch: 16 bytes), the slots word
     const unsigned tile_slot = empty + 8 * Stages, slot_word = tile_slot + 16;
@@ -154,10 +163,13 @@ struct attention_backward {
               if (use > 0) mbar_wait(empty + 8 * s, (use & 1) ^ 1);
               mbar_expect_tx(full + 8 * s, stage_bytes);
 #pragma unroll
-              for (int c = 0; c < DC; ++c) {
-                tma_load_4d(st + c * box, map_q, 64 * c, qb * block_q, h, at.b, full + 8 * s);
-                tma_load_4d(st + q_bytes + c * box, map_do, 64 * c, qb * block_q, h, at.b, full + 8 * s);
-              }
+              for (int r = 0; r < block_q / 64; ++r)
+#pragma unroll
+                for (int c = 0; c < DC; ++c) {
+                  const unsigned at_rc = st + (r * DC + c) * box;
+                  tma_load_4d(at_rc, map_q, 64 * c, qb * block_q + 64 * r, h, at.b, full + 8 * s);
+                  tma_load_4d(at_rc + q_bytes, map_do, 64 * c, qb * block_q + 64 * r, h, at.b, full + 8 * s);
+                }
               const long row = (long(at.b) * H + h) * nqb * block_q + qb * block_q;
               bulk_load(st + 2 * q_bytes, lse2 + row, vec_bytes, full + 8 * s);
               bulk_load(st + 2 * q_bytes + vec_bytes, delta + row, vec_bytes, full + 8 * s);
@@ -294,11 +306,11 @@ struct attention_backward {
     const int wg = __shfl_sync(0xffffffffu, t >> 7, 0), tw = t & 127, w = tw >> 5, lane = tw & 31;
     const bool leader = lane == 0;
     const float scale2 = scale * 1.4426950408889634f;  // log2(e): exp2 does the softmax
-    // dQ's operands: at D = 128 this warpgroup's 64 columns (a chunk of K) over all the keys, at
-    // D = 64 every column over its own keys
-    constexpr int dq_keys = D == 128 ? block_k : 64;
-    const unsigned k_cols = D == 128 ? ks + wg * block_k * 128 : ks + wg * box;
-    const int dq_barrier = D == 128 ? 5 : 1 + wg, dq_threads = D == 128 ? consumer_threads : 128;
+    // dQ's operands, over all 128 keys (both warpgroups' dS^T): at D = 128 this warpgroup's 64
+    // columns (a chunk of K) of the step's queries, at D = 64 every column of its 64 queries (a
+    // chunk of dS^T)
+    const unsigned k_cols = D == 128 ? ks + wg * block_k * 128 : ks;
+    const unsigned ds_chunk = D == 128 ? 0 : wg * block_k * 128;
     // this thread's first row in the tile (its rows: row0, row0 + 8), and its first dS^T element in
     // a buffer (that row, swizzled), less the buffer
     const int row0 = wg * 64 + w * 16 + (lane >> 2);
@@ -310,7 +322,7 @@ struct attention_backward {
     float* dq_dst = dq_acc;  // where the last step's dQ goes
     bool pending = false;    // whether it has yet to go
     const auto step = [&](int it, int h, int qb, auto mask) {
-      const unsigned qt = stages + (it % Stages) * stage_bytes, dot = qt + q_bytes, dsb = dss + (it & 1) * ds_bytes;
+      const unsigned qt = stages + (it % Stages) * stage_bytes, dot = qt + q_bytes, dsb = dss + (it % ds_buffers) * ds_bytes;
       mbar_wait(full + 8 * (it % Stages), (it / Stages) & 1);
       overwritten(s);
       overwritten(dp);
@@ -345,19 +357,21 @@ struct attention_backward {
       detail::register_product<D, E, block_q>(dv, p, dot, true);  // dV += P^T dO
       detail::register_product<D, E, block_q>(dk, ds, qt, true);  // dK += dS^T Q
       wgmma_commit();
-      // dS^T into the buffer: rows are keys (128 bytes of queries each, swizzled), as dQ's MN-major A.
-      // Pair i is row ds_row + 8 (i % 2), 16-byte chunk i / 2 of it, at chunk (i / 2) ^ (row % 8).
+      // dS^T into the buffer: rows are keys (128 bytes of 64 queries each, swizzled; 128 queries
+      // in two chunks of 128 rows), as dQ's MN-major A. Pair i is row ds_row + 8 (i % 2), 16-byte
+      // unit i / 2 of the queries (unit u % 8 of chunk u / 8), at unit (u % 8) ^ (row % 8).
+      if (ds_buffers == 1) named_barrier(6, consumer_threads);  // the last step's dQ MMAs read it
 #pragma unroll
-      for (int i = 0; i < n_p; ++i) st_shared(((ds_row + dsb) ^ ((i >> 1) << 4)) + (i & 1) * 1024, ds[i]);
+      for (int i = 0; i < n_p; ++i)
+        st_shared((((ds_row + dsb) ^ (((i >> 1) & 7) << 4)) + (i & 1) * 1024) + (i >> 4) * (block_k * 128), ds[i]);
       fence_proxy_async();
-      named_barrier(dq_barrier, dq_threads);  // the dS^T rows dQ reads are written
+      named_barrier(5, consumer_threads);  // the dS^T rows dQ reads are written
       overwritten(dq);
       wgmma_fence();
       {
-        const unsigned key_off = D == 128 ? 0 : wg * box;
-        const unsigned long long da = descriptor(dsb + key_off, box, 1024), db = descriptor(k_cols, box, 1024);
+        const unsigned long long da = descriptor(dsb + ds_chunk, box, 1024), db = descriptor(k_cols, box, 1024);
 #pragma unroll
-        for (int kk = 0; kk < dq_keys / 16; ++kk)
+        for (int kk = 0; kk < block_k / 16; ++kk)
           mma<64, E, E, 1, 1>(dq, da + ((kk * 2048) >> 4), db + ((kk * 2048) >> 4), kk > 0);
       }
       wgmma_commit();
@@ -375,7 +389,7 @@ struct attention_backward {
       for (int v4 = 0; v4 < n_q / 4; ++v4)
         st_shared_v4(dqb + (v4 * 128 + tw) * 16, dq[4 * v4], dq[4 * v4 + 1], dq[4 * v4 + 2], dq[4 * v4 + 3]);
       fence_proxy_async();
-      dq_dst = dq_acc + ((long(b) * H + h) * nqb + qb) * (64 * D) + (D == 128 ? wg * 4096 : 0);
+      dq_dst = dq_acc + ((long(b) * H + h) * nqb + qb) * (block_q * D) + wg * 4096;
       pending = true;
     };
     int it = 0;  // steps done, over the tiles
