@@ -237,6 +237,7 @@ _SM90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devic
     (3, 5, 5, 1, 1000, 64, False, "bhsd"),     # a single query
     (1, 3, 1, 257, 1, 128, True, "bshd"),      # a single key
     (2, 2, 2, 128, 256, 64, True, "bhsd"),     # whole tiles
+    (2, 4, 4, 300, 320, 64, False, "bshd"),    # a last block of 192 keys read as 128
 ])
 def test_sm90_forward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layout):
     """The Hopper forward (output and lse; the backward is the other kernels') against float64."""
