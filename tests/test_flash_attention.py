@@ -154,15 +154,16 @@ def test_gpu_kernels_compile_for_sm90a(dtype, D, nvrtc):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("D", [64, 128])
-def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, causal, nvrtc):
     """Hopper's warp-specialised forward (tensor_ops/sm90_attention.h) as an H100 launches it."""
     from kernelkit.backends.cuda import tensor_ops_shared
     meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
-    compiled = kk.compile_for(fa._sm90_forward, "sm_90", inputs=[meta, meta, meta, 0.1, True],
+    compiled = kk.compile_for(fa._sm90_forward, "sm_90", inputs=[meta, meta, meta, 0.1, causal],
                               output_shapes=[meta.shape, (2, 16, 256), (1,)],
                               output_dtypes=[dtype, torch.float32, torch.int32],
-                              template=[("T", dtype), ("D", D), ("BSHD", False)], grid=(384, 1, 1),
-                              threadgroup=(384, 1, 1))
+                              template=[("T", dtype), ("D", D), ("BSHD", False), ("CAUSAL", causal and D == 128)],
+                              grid=(384, 1, 1), threadgroup=(384, 1, 1))
     # two Q buffers (128 x D), 3 stages of K and V blocks of 192 keys at D = 64 (2 of 128 at
     # D = 128), two 64 x D output buffers, barriers and maps
     kv = 3 * 192 * 64 * 2 if D == 64 else 2 * 128 * 128 * 2

@@ -155,7 +155,8 @@ def _sm90_forward_plan(q, k, v, causal: bool, layout: str):
     launch = hopper.launch(q.device, B * H * -(-Sq // _SM90_BLOCK))
     if launch is None:
         return None
-    return views, dict(template=[("T", q.dtype), ("D", D), ("BSHD", layout == "bshd")],
+    # (CAUSAL: at D = 128 a kernel for each, flash_attention_sm90.cu)
+    return views, dict(template=[("T", q.dtype), ("D", D), ("BSHD", layout == "bshd"), ("CAUSAL", causal and D == 128)],
                        output_shapes=[q.shape, (B, H, Sq), (1,)], output_dtypes=[q.dtype, torch.float32, torch.int32],
                        init_value=[None, None, 0] if causal else None, **launch)  # (next_tile: causal only)
 
