@@ -61,7 +61,7 @@ _sm90_forward = _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "
 # keys, each block's K and V held, the query blocks streamed; the per-query inputs (and its zeroed
 # float sums) made before it, dq from those sums after.
 _sm90_prep = _sm90_kernel("sm90_prep", ["o", "dout", "lse", "dlse"], ["lse2", "delta", "dq_acc"])
-_sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "delta", "dq_acc", "scale", "causal"],
+_sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "delta", "dq_acc", "scale"],
                               ["dk", "dv"])
 _sm90_dq = _sm90_kernel("sm90_dq", ["dq_acc", "scale", "batches", "heads", "rows"], ["dq"])
 _SM90_BLOCK = 128  # queries a forward tile, keys a backward one
@@ -174,7 +174,7 @@ def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     return o, lse
 
 
-def _sm90_backward_plan(q, k, v, o, dout, layout: str):
+def _sm90_backward_plan(q, k, v, o, dout, causal: bool, layout: str):
     """(views of q, k, v, o, dout, the three kernels' arguments but their inputs, (B, H, Sq) of
     dq's kernel), or None where they do not apply."""
     if not _hopper(q):
@@ -194,7 +194,7 @@ def _sm90_backward_plan(q, k, v, o, dout, layout: str):
     return (views,  # (dq_acc: the backward's float sums, zeroed, and its tile counter)
             dict(template=types, output_shapes=[(B, H, sqp), (B, H, sqp), (sums + 4,)], output_dtypes=[f32] * 3,
                  grid=(sums // 8, 1, 1), threadgroup=(256, 1, 1)),
-            dict(template=types + [("BSHD", layout == "bshd")], output_shapes=[k.shape, v.shape],
+            dict(template=types + [("BSHD", layout == "bshd"), ("CAUSAL", causal)], output_shapes=[k.shape, v.shape],
                  output_dtypes=[q.dtype, q.dtype], **launch),
             dict(template=types + [("BSHD", layout == "bshd")], output_shapes=[q.shape], output_dtypes=[q.dtype],
                  grid=(sums // 4, 1, 1), threadgroup=(256, 1, 1)),
@@ -204,7 +204,8 @@ def _sm90_backward_plan(q, k, v, o, dout, layout: str):
 def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, layout: str):
     """(dq, dk, dv) by the Hopper kernels, or None where they do not apply."""
     dout = dout.to(q.dtype)
-    plan = _signature("backward", (q, k, v, o, dout), (layout,), lambda: _sm90_backward_plan(q, k, v, o, dout, layout))
+    plan = _signature("backward", (q, k, v, o, dout), (causal, layout),
+                      lambda: _sm90_backward_plan(q, k, v, o, dout, causal, layout))
     if plan is None or scale <= 0:
         return None
     views, prep_args, backward_args, dq_args, (B, H, Sq) = plan
@@ -214,7 +215,7 @@ def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, lay
     o4, do4 = views.take((o, dout), first=3, copy=True)
     dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
     lse2, delta, dq_acc = _sm90_prep(inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], **prep_args)
-    dk, dv = _sm90_backward(inputs=[*qkv, do4, lse2, delta, dq_acc, float(scale), causal], **backward_args)
+    dk, dv = _sm90_backward(inputs=[*qkv, do4, lse2, delta, dq_acc, float(scale)], **backward_args)
     dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], **dq_args)
     return dq, dk, dv
 
