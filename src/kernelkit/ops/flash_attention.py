@@ -128,8 +128,10 @@ _SIGNATURES: dict = {}  # the Hopper calls' plans, by signature (a few hundred a
 def _signature(kind: str, tensors, flags: tuple, make):
     """The plan of a call of this kind, tensors (their shapes, strides, dtypes and device) and
     flags: make() on the first call of a signature."""
-    key = (kind, flags, tensors[0].device, *(x.dtype for x in tensors), *(x.shape for x in tensors),
-           *(x.stride() for x in tensors))
+    key = [kind, flags, tensors[0].device]
+    for x in tensors:  # (a loop: generators cost more, on every call)
+        key += (x.dtype, x.shape, x.stride())
+    key = tuple(key)
     plan = _SIGNATURES.get(key, False)
     if plan is False:
         if len(_SIGNATURES) >= 512:
@@ -203,7 +205,7 @@ def _sm90_backward_plan(q, k, v, o, dout, causal: bool, layout: str):
 
 def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, layout: str):
     """(dq, dk, dv) by the Hopper kernels, or None where they do not apply."""
-    dout = dout.to(q.dtype)
+    dout = dout if dout.dtype == q.dtype else dout.to(q.dtype)
     plan = _signature("backward", (q, k, v, o, dout), (causal, layout),
                       lambda: _sm90_backward_plan(q, k, v, o, dout, causal, layout))
     if plan is None or scale <= 0:
@@ -213,8 +215,13 @@ def _sm90_gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float, lay
     if qkv is None:
         return None
     o4, do4 = views.take((o, dout), first=3, copy=True)
-    dlse = torch.zeros((), dtype=torch.float32, device=q.device) if dlse is None else dlse.to(torch.float32)
-    lse2, delta, dq_acc = _sm90_prep(inputs=[o4, do4, lse, dlse.expand(B, H, Sq)], **prep_args)
+    if dlse is None:
+        dlse = torch.zeros((), dtype=torch.float32, device=q.device)
+    elif dlse.dtype != torch.float32:
+        dlse = dlse.to(torch.float32)
+    if dlse.shape != (B, H, Sq):  # (custom_function's zero for an unused lse is one already)
+        dlse = dlse.expand(B, H, Sq)
+    lse2, delta, dq_acc = _sm90_prep(inputs=[o4, do4, lse, dlse], **prep_args)
     dk, dv = _sm90_backward(inputs=[*qkv, do4, lse2, delta, dq_acc, float(scale)], **backward_args)
     dq, = _sm90_dq(inputs=[dq_acc, float(scale), B, H, Sq], **dq_args)
     return dq, dk, dv
