@@ -182,8 +182,8 @@ def test_sm90_backward_compiles_and_names_its_shared_memory(dtype, D, nvrtc):
     sums = torch.empty(2 * 16 * 256 * D + 4, device="meta")
     compiled = kk.compile_for(fa._sm90_backward, "sm_90", inputs=[meta, meta, meta, meta, rows, rows, sums, 0.1],
                               output_shapes=[meta.shape, meta.shape], output_dtypes=[dtype, dtype],
-                              template=[("T", dtype), ("D", D), ("BSHD", False), ("CAUSAL", True)], grid=(384 * 132, 1, 1),
-                              threadgroup=(384, 1, 1))
+                              template=[("T", dtype), ("D", D), ("BSHD", False), ("CAUSAL", True)],
+                              grid=(384 * 132, 1, 1), threadgroup=(384, 1, 1))
     # K and V (128 x D), two stages of Q, dO (block_q x D: 128 queries at D = 64, else 64) and their
     # lse2 and delta, the 128 x block_q dS^T buffers (one at D = 64, else two), four 64 x 64 float
     # dQ buffers, barriers and maps

@@ -157,8 +157,9 @@ def _sm90_forward_plan(q, k, v, causal: bool, layout: str):
     launch = hopper.launch(q.device, B * H * -(-Sq // _SM90_BLOCK))
     if launch is None:
         return None
-    # (CAUSAL: at D = 128 a kernel for each, flash_attention_sm90.cu)
-    return views, dict(template=[("T", q.dtype), ("D", D), ("BSHD", layout == "bshd"), ("CAUSAL", causal and D == 128)],
+    template = [("T", q.dtype), ("D", D), ("BSHD", layout == "bshd"),
+                ("CAUSAL", causal and D == 128)]  # (at D = 128 a kernel for each: flash_attention_sm90.cu)
+    return views, dict(template=template,
                        output_shapes=[q.shape, (B, H, Sq), (1,)], output_dtypes=[q.dtype, torch.float32, torch.int32],
                        init_value=[None, None, 0] if causal else None, **launch)  # (next_tile: causal only)
 
@@ -196,8 +197,8 @@ def _sm90_backward_plan(q, k, v, o, dout, causal: bool, layout: str):
     return (views,  # (dq_acc: the backward's float sums, zeroed, and its tile counter)
             dict(template=types, output_shapes=[(B, H, sqp), (B, H, sqp), (sums + 4,)], output_dtypes=[f32] * 3,
                  grid=(sums // 8, 1, 1), threadgroup=(256, 1, 1)),
-            dict(template=types + [("BSHD", layout == "bshd"), ("CAUSAL", causal)], output_shapes=[k.shape, v.shape],
-                 output_dtypes=[q.dtype, q.dtype], **launch),
+            dict(template=types + [("BSHD", layout == "bshd"), ("CAUSAL", causal)],
+                 output_shapes=[k.shape, v.shape], output_dtypes=[q.dtype, q.dtype], **launch),
             dict(template=types + [("BSHD", layout == "bshd")], output_shapes=[q.shape], output_dtypes=[q.dtype],
                  grid=(sums // 4, 1, 1), threadgroup=(256, 1, 1)),
             (B, H, Sq))

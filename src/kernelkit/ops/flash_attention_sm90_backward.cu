@@ -6,8 +6,8 @@
 // (flash_attention_sm90_dq.cu turns them into dq), then the tile counter. dq_acc is an input
 // because the prep kernel zeroes it; the kernel API has no in-out buffers, hence the const_cast.
 // dk, dv are written in the layout BSHD names. Causal and not are kernels of their own (CAUSAL):
-// without the other's branches ptxas spills less (D = 128 non-causal:
-// 20 bytes of spill stores against 44).
+// without the other's branches ptxas spills less (D = 128 non-causal: 20 bytes of spill stores
+// against 44).
 
   using F = kk::tops::sm90::attention_backward<T, D>;
   const int B = q_shape[0], H = q_shape[1], Sq = q_shape[2], Hkv = k_shape[1], Sk = k_shape[2];
@@ -19,5 +19,6 @@
   const long batch = long(Hkv) * Sk * D, head = BSHD ? D : long(Sk) * D, row = BSHD ? long(Hkv) * D : D;
   const F::output tdk{dk, batch, head, row}, tdv{dv, batch, head, row};
   float* sums = const_cast<float*>(dq_acc);
-  int* next_tile = reinterpret_cast<int*>(sums + long(B) * H * ((Sq + F::block_q - 1) / F::block_q * F::block_q) * D);
+  const long sqp = (Sq + F::block_q - 1) / F::block_q * F::block_q;  // (prep's Sqp)
+  int* next_tile = reinterpret_cast<int*>(sums + long(B) * H * sqp * D);
   F::run(tq, tk, tv, tdo, lse2, delta, sums, tdk, tdv, next_tile, B, H, Hkv, Sq, Sk, scale[0], CAUSAL);

@@ -1,7 +1,7 @@
 // dq from the Hopper backward's float sums (tensor_ops/sm90_attention_backward.h: a query
-// block's block_q * D floats in wgmma's accumulator order): dq = scale * sums, in q's dtype and the
-// layout BSHD names, (batches, heads, rows, D). A thread 4 floats (16-byte loads): two columns of
-// two rows.
+// block's block_q * D floats in wgmma's accumulator order): dq = scale * sums, in q's dtype and
+// the layout BSHD names, (batches, heads, rows, D). A thread 4 floats (16-byte loads): two
+// columns of two rows.
 
   using F = kk::tops::sm90::attention_backward<T, D>;
   constexpr int QB = F::block_q, N = QB * D / 4;  // a query block's float4s

@@ -1,9 +1,10 @@
 // The Hopper backward's per-query inputs (tensor_ops/sm90_attention_backward.h), for each row of
-// the (B, H, Sqp) outputs (Sqp: Sq rounded up to the backward's block_q, the rows past Sq zero): lse2 = lse * log2(e)
-// and delta = rowsum(dout * o) - dlse; and the backward's float sums zeroed, D of them a row, then
-// its tile counter (dq_acc: B * H * Sqp * D + 4 floats), so that no fill runs before it. o, dout:
-// (B, H, Sq, D) views, rows packed and 16-byte aligned; lse, dlse: (B, H, Sq) views (dlse may
-// broadcast). D / 8 lanes a row, a 16-byte load of each of o and dout a lane.
+// the (B, H, Sqp) outputs (Sqp: Sq rounded up to the backward's block_q, the rows past Sq zero):
+// lse2 = lse * log2(e) and delta = rowsum(dout * o) - dlse; and the backward's float sums zeroed,
+// D of them a row, then its tile counter (dq_acc: B * H * Sqp * D + 4 floats), so that no fill
+// runs before it. o, dout: (B, H, Sq, D) views, rows packed and 16-byte aligned; lse, dlse:
+// (B, H, Sq) views (dlse may broadcast). D / 8 lanes a row, a 16-byte load of each of o and dout
+// a lane.
 
   constexpr int L = D / 8;
   const long r = (long(blockIdx.x) * blockDim.x + threadIdx.x) / L;

@@ -322,7 +322,8 @@ struct attention_backward {
     float* dq_dst = dq_acc;  // where the last step's dQ goes
     bool pending = false;    // whether it has yet to go
     const auto step = [&](int it, int h, int qb, auto mask) {
-      const unsigned qt = stages + (it % Stages) * stage_bytes, dot = qt + q_bytes, dsb = dss + (it % ds_buffers) * ds_bytes;
+      const unsigned qt = stages + (it % Stages) * stage_bytes, dot = qt + q_bytes;
+      const unsigned dsb = dss + (it % ds_buffers) * ds_bytes;
       mbar_wait(full + 8 * (it % Stages), (it / Stages) & 1);
       overwritten(s);
       overwritten(dp);
