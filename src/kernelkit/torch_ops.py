@@ -48,6 +48,8 @@ _SEEN_NAMES: dict = {}  # custom_function qualname -> how many were made
 _LOCAL: dict = {}  # spec -> non-literal arguments of a custom_function call (this process only)
 _SCALAR_KINDS = {bool: "b", int: "i", float: "f"}
 _SCALAR_TYPES = {"b": bool, "i": int, "f": float}
+
+
 class _Depth(threading.local):
     depth = 0  # every thread's first (a class default: a missing attribute costs a raised error)
 

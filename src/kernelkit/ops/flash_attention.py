@@ -187,7 +187,8 @@ def _sm90_backward_plan(q, k, v, o, dout, causal: bool, layout: str):
         return None
     B, H, Sq, D = _bhsd(q, layout).shape
     Hkv, Sk = _bhsd(k, layout).shape[1:3]
-    sqp = -(-Sq // _sm90_rows(D)) * _sm90_rows(D)
+    rows = _sm90_rows(D)
+    sqp = -(-Sq // rows) * rows
     launch = hopper.launch(q.device, -(-Sk // _SM90_BLOCK) * Hkv * B)
     if launch is None:
         return None
