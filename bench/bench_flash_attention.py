@@ -85,17 +85,17 @@ def sass_counts() -> dict:
     acc = torch.empty(4, 16, 4096, dtype=torch.float32, device="meta")
     out = {}
     for name, kernel, inputs, dts in (
-            ("forward_sm90", fa._sm90_forward, [meta, meta, meta, 0.1, False],
+            ("forward_sm90", fa._sm90_forward[128], [meta, meta, meta, 0.1, False],
              [torch.bfloat16, torch.float32, torch.int32]),
             ("backward_sm90", fa._sm90_backward, [meta, meta, meta, meta, acc, acc, acc.flatten(), 0.1],
              [torch.bfloat16, torch.bfloat16]),
             ("forward", fa._forward, [meta, meta, meta, 0.1, False], [torch.bfloat16, torch.float32]),
             ("dq", fa._dq, [meta, meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16, torch.float32]),
             ("dkdv", fa._dkdv, [meta, meta, meta, meta, acc, acc, 0.1, False], [torch.bfloat16] * 2)):
-        if kernel is fa._sm90_forward:
+        if name == "forward_sm90":
             launch = dict(template=[("T", torch.bfloat16), ("D", 128), ("BSHD", False), ("CAUSAL", False)],
                           grid=(384, 1, 1), threadgroup=(384, 1, 1), output_shapes=[meta.shape, acc.shape, (1,)])
-        elif kernel is fa._sm90_backward:
+        elif name == "backward_sm90":
             launch = dict(template=[("T", torch.bfloat16), ("D", 128), ("BSHD", False), ("CAUSAL", False)],
                           grid=(384, 1, 1), threadgroup=(384, 1, 1), output_shapes=[meta.shape, meta.shape])
         else:

@@ -159,16 +159,20 @@ def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, causal, nvr
     """Hopper's warp-specialised forward (tensor_ops/sm90_attention.h) as an H100 launches it."""
     from kernelkit.backends.cuda import tensor_ops_shared
     meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
-    compiled = kk.compile_for(fa._sm90_forward, "sm_90", inputs=[meta, meta, meta, 0.1, causal],
+    consumers = fa._SM90_CONSUMERS[D]
+    threads = 128 * (consumers + 1)
+    compiled = kk.compile_for(fa._sm90_forward[D], "sm_90", inputs=[meta, meta, meta, 0.1, causal],
                               output_shapes=[meta.shape, (2, 16, 256), (1,)],
                               output_dtypes=[dtype, torch.float32, torch.int32],
                               template=[("T", dtype), ("D", D), ("BSHD", False), ("CAUSAL", causal and D == 128)],
-                              grid=(384, 1, 1), threadgroup=(384, 1, 1))
-    # two Q buffers (128 x D), 3 stages of K and V blocks of 192 keys at D = 64 (2 of 128 at
-    # D = 128), two 64 x D output buffers, barriers and maps
-    kv = 3 * 192 * 64 * 2 if D == 64 else 2 * 128 * 128 * 2
+                              grid=(threads, 1, 1), threadgroup=(threads, 1, 1))
+    # two Q buffers (64 queries a consumer warpgroup: three at D = 64, two at D = 128), 4 stages of
+    # K and V blocks of 128 keys at D = 64 (2 at D = 128), a 64 x D output buffer a consumer,
+    # barriers and maps
+    stages = 4 if D == 64 else 2
     assert compiled.arch == "sm_90a"
-    assert tensor_ops_shared(compiled.binary) == 2 * 128 * D * 2 + 2 * kv + 64 * D * 4 + 2560
+    assert tensor_ops_shared(compiled.binary) == (2 * 64 * consumers * D * 2 + 2 * stages * 128 * D * 2
+                                                  + consumers * 64 * D * 2 + 2560)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -234,11 +238,11 @@ _SM90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devic
 @pytest.mark.parametrize("B, H, Hkv, Sq, Sk, D, causal, layout", [
     (4, 16, 4, 700, 900, 128, True, "bhsd"),   # more tiles than SMs, GQA, Sq < Sk
     (4, 16, 16, 700, 900, 128, False, "bshd"),
-    (2, 8, 2, 1100, 513, 64, True, "bhsd"),    # Sq > Sk: causal rows past the keys
+    (2, 8, 2, 1100, 513, 64, True, "bhsd"),    # Sq > Sk: causal rows past the keys; tiles overlap
     (3, 5, 5, 1, 1000, 64, False, "bhsd"),     # a single query
     (1, 3, 1, 257, 1, 128, True, "bshd"),      # a single key
-    (2, 2, 2, 128, 256, 64, True, "bhsd"),     # whole tiles
-    (2, 4, 4, 300, 320, 64, False, "bshd"),    # a last block of 192 keys read as 128
+    (2, 2, 2, 128, 256, 64, True, "bhsd"),     # one tile, a third of it past Sq
+    (2, 4, 4, 300, 320, 64, False, "bshd"),    # a last key block half read
 ])
 def test_sm90_forward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layout):
     """The Hopper forward (output and lse; the backward is the other kernels') against float64."""
@@ -250,6 +254,9 @@ def test_sm90_forward_against_float64(dtype, B, H, Hkv, Sq, Sk, D, causal, layou
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     torch.testing.assert_close(o.double(), ref_o, rtol=tol, atol=tol * max(1.0, ref_o.abs().max().item()))
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-3, atol=1e-3)
+    # rows that two causal tiles both write (the first overlaps the next) are written alike
+    o2, lse2 = flash_attention(q, k, v, causal=causal, layout=layout, return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
 
 
 @pytest.mark.gpu

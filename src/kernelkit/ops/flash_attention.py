@@ -49,14 +49,17 @@ _dkdv = _kernel("dkdv", ["q", "k", "v", "dout", "lse", "delta", "scale", "causal
 
 
 # Hopper, 16-bit types, D = 64 or 128: the layer's warp-specialised forward (a producer warpgroup
-# streaming K and V by TMA, two consumers overlapping softmax with the MMAs), one threadgroup an SM.
-def _sm90_kernel(name: str, inputs: list[str], outputs: list[str]):
+# streaming K and V by TMA, consumers of 64 queries each overlapping softmax with the MMAs), one
+# threadgroup an SM.
+def _sm90_kernel(name: str, inputs: list[str], outputs: list[str], threads: int = hopper.THREADS):
     return cuda_kernel(name=f"flash_attention_{name}", input_names=inputs, output_names=outputs,
-                       source=_HERE.with_name(f"flash_attention_{name}.cu").read_text(), header=hopper.HEADER,
+                       source=_HERE.with_name(f"flash_attention_{name}.cu").read_text(), header=hopper.header(threads),
                        ensure_row_contiguous=False)
 
 
-_sm90_forward = _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "lse", "next_tile"])
+_SM90_CONSUMERS = {64: 3, 128: 2}  # the forward's consumer warpgroups by D (attention_forward's)
+_sm90_forward = {d: _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "lse", "next_tile"],
+                                 threads=128 * (c + 1)) for d, c in _SM90_CONSUMERS.items()}
 # Its backward (tensor_ops/sm90_attention_backward.h): persistent threadgroups over the blocks of
 # keys, each block's K and V held, the query blocks streamed; the per-query inputs (and its zeroed
 # float sums) made before it, dq from those sums after.
@@ -154,7 +157,8 @@ def _sm90_forward_plan(q, k, v, causal: bool, layout: str):
     if None in views.views:
         return None
     B, H, Sq, D = _bhsd(q, layout).shape
-    launch = hopper.launch(q.device, B * H * -(-Sq // _SM90_BLOCK))
+    consumers = _SM90_CONSUMERS[D]
+    launch = hopper.launch(q.device, B * H * -(-Sq // (64 * consumers)), 128 * (consumers + 1))
     if launch is None:
         return None
     template = [("T", q.dtype), ("D", D), ("BSHD", layout == "bshd"),
@@ -173,7 +177,7 @@ def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     tensors = views.take((q, k, v))
     if tensors is None:
         return None
-    o, lse, _ = _sm90_forward(inputs=[*tensors, float(scale), causal], **args)
+    o, lse, _ = _sm90_forward[q.shape[-1]](inputs=[*tensors, float(scale), causal], **args)
     return o, lse
 
 

@@ -34,20 +34,22 @@
 //   torch's is_causal). lse[(b * H + h) * Sq + i] = the natural log of row i's sum of
 //   exp(scores * scale).
 // - Every thread of the threadgroup calls run; launch min(tiles, SMs) threadgroups, tiles =
-//   B * H * ceil(Sq / 128); next_tile points to an int the caller zeroed. As persistent_gemm: no
-//   extern __shared__ of the kernel's own, and the kernel's header defines
-//   KK_MAX_THREADS_PER_THREADGROUP 384 (setmaxnreg 40 / 232).
+//   B * H * ceil(Sq / block_q) (block_q = 128; 192 at D = 64); next_tile points to an int the
+//   caller zeroed. As persistent_gemm: no extern __shared__ of the kernel's own, and the kernel's
+//   header defines KK_MAX_THREADS_PER_THREADGROUP as `threads` (384, setmaxnreg 40 / 232; at
+//   D = 64 512, 24 / 160).
 //
 // Pipeline: the producer's first thread takes the tiles (round-robin; causal ones, which differ
-// in length, from a counter: detail::take_tile) and loads each one's Q (128 x D) into one of two
-// buffers, the tile's coordinates in a slot beside it (the next tile's Q lands under this tile's
-// steps), then K and V blocks of BN keys (128; 192 at D = 64), each through its own ring of
-// Stages buffers (full / empty mbarriers). Consumer
+// in length, from a counter: detail::take_tile) and loads each one's Q (block_q x D) into one of
+// two buffers, the tile's coordinates in a slot beside it (the next tile's Q lands under this
+// tile's steps), then K and V blocks of BN = 128 keys, each through its own ring of Stages
+// buffers (full / empty mbarriers). Consumer
 // warpgroup g owns queries [64 g, 64 g + 64) of the tile. Step j: S_j = Q K_j^T (wgmma, both
 // from shared memory) is issued, O is rescaled to the previous softmax's max under it, O +=
 // P_{j-1} V_{j-1} is issued (P in registers: the scores' accumulator layout is wgmma's A
-// fragment), then S_j's softmax runs while P_{j-1} V_{j-1} is in flight. The two warpgroups take
-// turns issuing their MMAs (named barriers), so one's softmax also runs under the other's MMAs.
+// fragment), then S_j's softmax runs while P_{j-1} V_{j-1} is in flight. The consumer warpgroups
+// (two; three at D = 64) take turns issuing their MMAs (named barriers, round robin), so one's
+// softmax also runs under the others' MMAs.
 // The output leaves through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the
 // registers. Measured against the alternatives (bench/notes/flash_attention.md): without the
 // turns, -2% to -12%; a single Q buffer, -1% to -4% at D = 64; a second P buffer, packed under
@@ -130,16 +132,20 @@ template <class T, int D>
 struct attention_forward {
   static constexpr int E = wgmma_type<T>::id;
   static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16) && (D == 64 || D == 128);
-  // Keys a step: at D = 64 a step's MMAs are half as long beside the same softmax, and 192 keys
-  // share its fixed costs (+1-3% over 128 at B=4 H=16 S=4096, H100)
-  static constexpr int threads = 384, consumer_threads = 256, block_q = 128, BN = D == 64 ? 192 : 128;
-  static constexpr int Stages = D == 64 ? 3 : 2;
+  // Consumer warpgroups, 64 queries each: at D = 64 a step's MMAs are half as long beside the same
+  // softmax, and a third warpgroup's softmax runs under the other two's MMAs (FlashAttention-3's
+  // shape: +2-7% over two warpgroups with 192-key steps at B=4 H=16, H100), the registers then
+  // 160 a consumer thread
+  static constexpr int consumers = D == 64 ? 3 : 2;
+  static constexpr int threads = 128 * (consumers + 1), consumer_threads = 128 * consumers, block_q = 64 * consumers;
+  static constexpr int BN = 128, Stages = D == 64 ? 4 : 2;
+  static constexpr int producer_regs = consumers == 3 ? 24 : 40, consumer_regs = consumers == 3 ? 160 : 232;
   static constexpr int DC = D / 64;                        // 128-byte chunks of a row
   static constexpr int box = 64 * 128;                     // a TMA box: 64 rows x 128 bytes
   static constexpr int q_bytes = block_q * D * 2, kv_bytes = BN * D * 2, o_bytes = 64 * D * 2;
   // two Q buffers (a tile's and the next's), the K and V rings, a consumer warpgroup's output buffer
   // each; barriers (1024), 4 maps (512), + 1024 to align
-  static constexpr int smem_bytes = 2 * q_bytes + 2 * Stages * kv_bytes + 2 * o_bytes + 1024 + 512 + 1024;
+  static constexpr int smem_bytes = 2 * q_bytes + 2 * Stages * kv_bytes + consumers * o_bytes + 1024 + 512 + 1024;
 
   struct operand {
     const T* p;
@@ -156,7 +162,7 @@ struct attention_forward {
     using namespace detail;
     const unsigned base = persistent_smem<smem_bytes, threads>();
     const unsigned ks = base + 2 * q_bytes, vs = ks + Stages * kv_bytes, outs = vs + Stages * kv_bytes;
-    const unsigned bars = outs + 2 * o_bytes, maps = bars + 1024;
+    const unsigned bars = outs + consumers * o_bytes, maps = bars + 1024;
     // barriers: q full and q empty pairs, the k full / k empty / v full / v empty rings; slots
     // word; the tile of each Q buffer (index, batch, head, first query: 16 bytes)
     const unsigned q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = k_full + 8 * Stages,
@@ -166,7 +172,7 @@ struct attention_forward {
     const unsigned sm = current_sm();
 
     // The producer's first warp makes the maps (Q, K; V, O) and sets up the barriers.
-    if (warp == 8)
+    if (warp == 4 * consumers)
       publish_maps<4>(sm, maps, slot_word, [&] {
         make(maps, q, Sq, H, B);
         make(maps + 128, k, Sk, Hkv, B);
@@ -180,9 +186,9 @@ struct attention_forward {
     const int slots = read_slots(slot_word);
 
     const int nq = (Sq + block_q - 1) / block_q, tiles = B * H * nq, group = H / Hkv;
-    if (warp >= 8) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-      if (t == 256) {
+    if (warp >= 4 * consumers) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_regs) : "memory");
+      if (t == consumer_threads) {
         const void *map_q = map_in(sm, slots, 0), *map_k = map_in(sm, slots, 1), *map_v = map_in(sm, slots, 2);
         acquire_map(map_q);
         acquire_map(map_k);
@@ -194,7 +200,7 @@ struct attention_forward {
           // The slot holds the tile's coordinates too: the consumers read them under no wait.
           const unsigned qf = q_full + 8 * (n & 1), qb = base + (n & 1) * q_bytes;
           int b = 0, h = 0, q0 = 0;
-          if (tile < tiles) where(tile, nq, H, causal, b, h, q0);
+          if (tile < tiles) where(tile, nq, H, Sq, causal, b, h, q0);
           if (n > 1) mbar_wait(q_empty + 8 * (n & 1), ((n >> 1) - 1) & 1);
           asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile_slots + 16 * (n & 1)), "r"(tile),
                        "r"(b), "r"(h), "r"(q0) : "memory");
@@ -233,12 +239,12 @@ struct attention_forward {
         }
       }
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs) : "memory");
       consume(t, base, ks, vs, outs + (warp >> 2) * o_bytes, q_full, q_empty, k_full, k_empty, v_full, v_empty,
               tile_slots, map_in(sm, slots, 3), lse, tiles, H, Sq, Sk, scale, causal);
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
-    if (t == 256) {
+    if (t == consumer_threads) {
       ring_inval(q_full, q_empty, 2);
       ring_inval(k_full, k_empty, Stages);
       ring_inval(v_full, v_empty, Stages);
@@ -254,12 +260,16 @@ struct attention_forward {
     detail::attention_map<D>(map, x.p, x.row, x.head, x.batch, rows, heads, batches);
   }
   // Tile `tile`'s batch, head and first query: the query blocks of a head are consecutive, so the
-  // SMs' tiles in flight share K and V in L2; causal tiles run the longest (last) blocks first.
-  __device__ static void where(int tile, int nq, int H, bool causal, int& b, int& h, int& q0) {
+  // SMs' tiles in flight share K and V in L2; causal tiles run the longest (last) blocks first and
+  // end at Sq, so that the one left over is the first, which reads the fewest keys: it starts at 0
+  // and overlaps the next (a TMA coordinate below 0 faults), whose rows it writes bit for bit as
+  // that tile does (the same products and steps; past a row's last key a step adds exact zeros).
+  // At D = 64 (192 queries a tile) that is 6% less work at S = 4096 than a partial last tile.
+  __device__ static void where(int tile, int nq, int H, int Sq, bool causal, int& b, int& h, int& q0) {
     const int bh = tile / nq, qb = tile - bh * nq;
     b = bh / H;
     h = bh - b * H;
-    q0 = (causal ? nq - 1 - qb : qb) * block_q;
+    q0 = causal ? max(Sq - (qb + 1) * block_q, 0) : qb * block_q;
   }
   // Key blocks a tile reads: causal tiles stop at their last query.
   __device__ static int key_blocks(int q0, int Sk, bool causal) {
@@ -320,11 +330,11 @@ struct attention_forward {
     const int wg = t >> 7, tw = t & 127, w = tw >> 5, lane = tw & 31, barrier = 1 + wg;
     const bool leader = lane == 0;
     const float scale2 = scale * 1.4426950408889634f;  // log2(e): exp2 does the softmax
-    // The two warpgroups take turns issuing their MMAs (FlashAttention-3's ping-pong): each waits
-    // on its own barrier before its S product and lets the other go once its P V is issued, so
-    // one's softmax runs under the other's MMAs. Warpgroup 0 goes first.
-    const int my_turn = 3 + wg, their_turn = 4 - wg;
-    if (wg == 1) named_barrier_arrive(their_turn, consumer_threads);
+    // The warpgroups take turns issuing their MMAs (FlashAttention-3's ping-pong, round robin):
+    // each waits on its own barrier before its S product and lets the next go once its P V is
+    // issued, so one's softmax runs under the others' MMAs. Warpgroup 0 goes first.
+    const int my_turn = 1 + consumers + wg, their_turn = 1 + consumers + (wg + 1) % consumers, turn = 256;
+    if (wg == consumers - 1) named_barrier_arrive(their_turn, turn);
     if (tw == 0) acquire_map(map_o);
     float o[n_o], s[n_s];
     unsigned p[n_p];
@@ -354,12 +364,12 @@ struct attention_forward {
       {
         const int st = it % Stages;
         mbar_wait(k_full + 8 * st, (it / Stages) & 1);
-        named_barrier(my_turn, consumer_threads);
+        named_barrier(my_turn, turn);
         detail::fence_all(s);
         wgmma_fence();
         detail::scores<BN, E, DC>(s, q_tile, block_q * 128, ks + st * kv_bytes, BN * 128);
         wgmma_commit();
-        named_barrier_arrive(their_turn, consumer_threads);
+        named_barrier_arrive(their_turn, turn);
         wgmma_wait<0>();
         detail::fence_all(s);
         mbar_arrive_if(k_empty + 8 * st, leader);
@@ -381,13 +391,13 @@ struct attention_forward {
       const auto step = [&](int j, auto mask) {
         const int sk = (it + 1) % Stages, sv = it % Stages;  // block j's K stage, block j - 1's V stage
         mbar_wait(k_full + 8 * sk, ((it + 1) / Stages) & 1);
-        named_barrier(my_turn, consumer_threads);
+        named_barrier(my_turn, turn);
         detail::fence_all(s);
         wgmma_fence();
         detail::scores<BN, E, DC>(s, q_tile, block_q * 128, ks + sk * kv_bytes, BN * 128);
         wgmma_commit();
         issue_pv(sv, j > 1);
-        named_barrier_arrive(their_turn, consumer_threads);
+        named_barrier_arrive(their_turn, turn);
         detail::fence_all(p);
         wgmma_wait<1>();  // S_j landed
         detail::fence_all(s);
@@ -444,7 +454,7 @@ struct attention_forward {
         bulk_commit();
       }
     }
-    if (wg == 0) named_barrier(my_turn, consumer_threads);  // warpgroup 1's last turn, given back
+    if (wg == 0) named_barrier(my_turn, turn);  // the last warpgroup's last turn, given back
     if (tw == 0) bulk_wait();
   }
 };
