@@ -85,7 +85,7 @@ def sass_counts() -> dict:
     acc = torch.empty(4, 16, 4096, dtype=torch.float32, device="meta")
     out = {}
     for name, kernel, inputs, dts in (
-            ("forward_sm90", fa._sm90_forward[128], [meta, meta, meta, 0.1, False],
+            ("forward_sm90", fa._sm90_forward[128], [meta, meta, meta, 0.1],
              [torch.bfloat16, torch.float32, torch.int32]),
             ("backward_sm90", fa._sm90_backward, [meta, meta, meta, meta, acc, acc, acc.flatten(), 0.1],
              [torch.bfloat16, torch.bfloat16]),

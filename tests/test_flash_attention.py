@@ -161,10 +161,10 @@ def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, causal, nvr
     meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
     consumers = fa._SM90_CONSUMERS[D]
     threads = 128 * (consumers + 1)
-    compiled = kk.compile_for(fa._sm90_forward[D], "sm_90", inputs=[meta, meta, meta, 0.1, causal],
+    compiled = kk.compile_for(fa._sm90_forward[D], "sm_90", inputs=[meta, meta, meta, 0.1],
                               output_shapes=[meta.shape, (2, 16, 256), (1,)],
                               output_dtypes=[dtype, torch.float32, torch.int32],
-                              template=[("T", dtype), ("D", D), ("BSHD", False), ("CAUSAL", causal and D == 128)],
+                              template=[("T", dtype), ("D", D), ("BSHD", False), ("CAUSAL", causal)],
                               grid=(threads, 1, 1), threadgroup=(threads, 1, 1))
     # two Q buffers (64 queries a consumer warpgroup: three at D = 64, two at D = 128), 4 stages of
     # K and V blocks of 128 keys at D = 64 (2 at D = 128), a 64 x D output buffer a consumer,

@@ -58,7 +58,7 @@ def _sm90_kernel(name: str, inputs: list[str], outputs: list[str], threads: int 
 
 
 _SM90_CONSUMERS = {64: 3, 128: 2}  # the forward's consumer warpgroups by D (attention_forward's)
-_sm90_forward = {d: _sm90_kernel("sm90", ["q", "k", "v", "scale", "causal"], ["o", "lse", "next_tile"],
+_sm90_forward = {d: _sm90_kernel("sm90", ["q", "k", "v", "scale"], ["o", "lse", "next_tile"],
                                  threads=128 * (c + 1)) for d, c in _SM90_CONSUMERS.items()}
 # Its backward (tensor_ops/sm90_attention_backward.h): persistent threadgroups over the blocks of
 # keys, each block's K and V held, the query blocks streamed; the per-query inputs (and its zeroed
@@ -162,7 +162,7 @@ def _sm90_forward_plan(q, k, v, causal: bool, layout: str):
     if launch is None:
         return None
     template = [("T", q.dtype), ("D", D), ("BSHD", layout == "bshd"),
-                ("CAUSAL", causal and D == 128)]  # (at D = 128 a kernel for each: flash_attention_sm90.cu)
+                ("CAUSAL", causal)]  # (a kernel for each: flash_attention_sm90.cu)
     return views, dict(template=template,
                        output_shapes=[q.shape, (B, H, Sq), (1,)], output_dtypes=[q.dtype, torch.float32, torch.int32],
                        init_value=[None, None, 0] if causal else None, **launch)  # (next_tile: causal only)
@@ -177,7 +177,7 @@ def _sm90(q, k, v, causal: bool, scale: float, layout: str):
     tensors = views.take((q, k, v))
     if tensors is None:
         return None
-    o, lse, _ = _sm90_forward[q.shape[-1]](inputs=[*tensors, float(scale), causal], **args)
+    o, lse, _ = _sm90_forward[q.shape[-1]](inputs=[*tensors, float(scale)], **args)
     return o, lse
 
 
