@@ -7,7 +7,7 @@
 // own MMAs, so the tensor cores idle under every copy and every softmax (376 TFLOP/s at B=4 H=16
 // S=4096 D=128 bf16 against cuDNN's ~600, bench/notes/flash_attention.md). Here a producer
 // warpgroup streams K and V through a pipeline of TMA stages while two consumer warpgroups
-// compute, and each consumer issues the next block's QK^T before its softmax of this block and
+// (three at D = 64) compute, and each consumer issues the next block's QK^T before its softmax of this block and
 // the PV product of the previous one, so exponentials run under MMAs.
 //
 // The contract:
@@ -15,8 +15,8 @@
 //   namespace kk::tops::sm90 {
 //   template <class T, int D>
 //   struct attention_forward {
-//     static constexpr int threads = 384;    // 2 consumer warpgroups, a producer one
-//     static constexpr int block_q = 128;    // queries a tile (64 a consumer warpgroup)
+//     static constexpr int threads;          // 384: 2 consumer warpgroups, a producer one (512, 3 at D = 64)
+//     static constexpr int block_q;          // queries a tile, 64 a consumer warpgroup: 128 (192 at D = 64)
 //     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
 //     struct operand { const T* p; long batch, head, row; };   // strides, elements
 //     __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& o,
