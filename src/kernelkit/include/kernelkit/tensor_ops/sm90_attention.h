@@ -7,16 +7,16 @@
 // own MMAs, so the tensor cores idle under every copy and every softmax (376 TFLOP/s at B=4 H=16
 // S=4096 D=128 bf16 against cuDNN's ~600, bench/notes/flash_attention.md). Here a producer
 // warpgroup streams K and V through a pipeline of TMA stages while two consumer warpgroups
-// (three at D = 64) compute, and each consumer issues the next block's QK^T before its softmax of this block and
-// the PV product of the previous one, so exponentials run under MMAs.
+// (three at D = 64) compute, and each consumer issues the next block's QK^T before its softmax of
+// this block and the PV product of the previous one, so exponentials run under MMAs.
 //
 // The contract:
 //
 //   namespace kk::tops::sm90 {
 //   template <class T, int D>
 //   struct attention_forward {
-//     static constexpr int threads;          // 384: 2 consumer warpgroups, a producer one (512, 3 at D = 64)
-//     static constexpr int block_q;          // queries a tile, 64 a consumer warpgroup: 128 (192 at D = 64)
+//     static constexpr int threads;          // 384: 2 consumer warpgroups, a producer (D = 64: 512, 3)
+//     static constexpr int block_q;          // queries a tile, 64 a consumer warpgroup (128; D = 64: 192)
 //     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
 //     struct operand { const T* p; long batch, head, row; };   // strides, elements
 //     __device__ static void run(const operand& q, const operand& k, const operand& v, const operand& o,
@@ -43,18 +43,17 @@
 // in length, from a counter: detail::take_tile) and loads each one's Q (block_q x D) into one of
 // two buffers, the tile's coordinates in a slot beside it (the next tile's Q lands under this
 // tile's steps), then K and V blocks of BN = 128 keys, each through its own ring of Stages
-// buffers (full / empty mbarriers). Consumer
-// warpgroup g owns queries [64 g, 64 g + 64) of the tile. Step j: S_j = Q K_j^T (wgmma, both
-// from shared memory) is issued, O is rescaled to the previous softmax's max under it, O +=
-// P_{j-1} V_{j-1} is issued (P in registers: the scores' accumulator layout is wgmma's A
-// fragment), then S_j's softmax runs while P_{j-1} V_{j-1} is in flight. The consumer warpgroups
-// (two; three at D = 64) take turns issuing their MMAs (named barriers, round robin), so one's
-// softmax also runs under the others' MMAs.
-// The output leaves through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the
-// registers. Measured against the alternatives (bench/notes/flash_attention.md): without the
-// turns, -2% to -12%; a single Q buffer, -1% to -4% at D = 64; a second P buffer, packed under
-// the MMAs, spills at D = 128 (ptxas then serialises every wgmma); a quarter of the exponentials
-// on the FMA pipes (FlashAttention-4's cubic), -3% to -7% at D = 64.
+// buffers (full / empty mbarriers). Consumer warpgroup g owns queries [64 g, 64 g + 64) of the
+// tile. Step j: S_j = Q K_j^T (wgmma, both from shared memory) is issued, O is rescaled to the
+// previous softmax's max under it, O += P_{j-1} V_{j-1} is issued (P in registers: the scores'
+// accumulator layout is wgmma's A fragment), then S_j's softmax runs while P_{j-1} V_{j-1} is in
+// flight. The consumer warpgroups (two; three at D = 64) take turns issuing their MMAs (named
+// barriers, round robin), so one's softmax also runs under the others' MMAs. The output leaves
+// through a 128-byte-swizzled buffer by TMA stores, the log-sum-exp from the registers. Measured
+// against the alternatives (bench/notes/flash_attention.md): without the turns, -2% to -12%; a
+// single Q buffer, -1% to -4% at D = 64; a second P buffer, packed under the MMAs, spills at
+// D = 128 (ptxas then serialises every wgmma); a quarter of the exponentials on the FMA pipes
+// (FlashAttention-4's cubic), -3% to -7% at D = 64.
 #pragma once
 
 #if defined(KK_TARGET_CUDA)
@@ -332,7 +331,8 @@ struct attention_forward {
     const float scale2 = scale * 1.4426950408889634f;  // log2(e): exp2 does the softmax
     // The warpgroups take turns issuing their MMAs (FlashAttention-3's ping-pong, round robin):
     // each waits on its own barrier before its S product and lets the next go once its P V is
-    // issued, so one's softmax runs under the others' MMAs. Warpgroup 0 goes first.
+    // issued, so one's softmax runs under the others' MMAs. Warpgroup 0 goes first. A turn's
+    // barrier joins two warpgroups: its owner and the one before.
     const int my_turn = 1 + consumers + wg, their_turn = 1 + consumers + (wg + 1) % consumers, turn = 256;
     if (wg == consumers - 1) named_barrier_arrive(their_turn, turn);
     if (tw == 0) acquire_map(map_o);
