@@ -67,7 +67,7 @@ _sm90_prep = _sm90_kernel("sm90_prep", ["o", "dout", "lse", "dlse"], ["lse2", "d
 _sm90_backward = _sm90_kernel("sm90_backward", ["q", "k", "v", "dout", "lse2", "delta", "dq_acc", "scale"],
                               ["dk", "dv"])
 _sm90_dq = _sm90_kernel("sm90_dq", ["dq_acc", "scale", "batches", "heads", "rows"], ["dq"])
-_SM90_BLOCK = 128  # queries a forward tile, keys a backward one
+_SM90_BLOCK = 128  # keys a backward tile
 
 
 def _sm90_rows(d: int) -> int:
