@@ -159,8 +159,8 @@ def test_sm90_forward_compiles_and_names_its_shared_memory(dtype, D, causal, nvr
     """Hopper's warp-specialised forward (tensor_ops/sm90_attention.h) as an H100 launches it."""
     from kernelkit.backends.cuda import tensor_ops_shared
     meta = torch.empty(2, 16, 256, D, dtype=dtype, device="meta")
-    consumers = fa._SM90_CONSUMERS[D]
-    threads = 128 * (consumers + 1)
+    block_q, threads = fa._sm90_forward_shape(D)
+    consumers = block_q // 64
     compiled = kk.compile_for(fa._sm90_forward[D], "sm_90", inputs=[meta, meta, meta, 0.1],
                               output_shapes=[meta.shape, (2, 16, 256), (1,)],
                               output_dtypes=[dtype, torch.float32, torch.int32],

@@ -57,9 +57,15 @@ def _sm90_kernel(name: str, inputs: list[str], outputs: list[str], threads: int 
                        ensure_row_contiguous=False)
 
 
-_SM90_CONSUMERS = {64: 3, 128: 2}  # the forward's consumer warpgroups by D (attention_forward's)
+def _sm90_forward_shape(d: int) -> tuple[int, int]:
+    """(queries a tile, threads) of the forward at this D (attention_forward's block_q and
+    threads): consumer warpgroups of 64 queries, three at D = 64, two at D = 128, and a producer."""
+    consumers = 3 if d == 64 else 2
+    return 64 * consumers, 128 * (consumers + 1)
+
+
 _sm90_forward = {d: _sm90_kernel("sm90", ["q", "k", "v", "scale"], ["o", "lse", "next_tile"],
-                                 threads=128 * (c + 1)) for d, c in _SM90_CONSUMERS.items()}
+                                 threads=_sm90_forward_shape(d)[1]) for d in (64, 128)}
 # Its backward (tensor_ops/sm90_attention_backward.h): persistent threadgroups over the blocks of
 # keys, each block's K and V held, the query blocks streamed; the per-query inputs (and its zeroed
 # float sums) made before it, dq from those sums after.
@@ -157,8 +163,8 @@ def _sm90_forward_plan(q, k, v, causal: bool, layout: str):
     if None in views.views:
         return None
     B, H, Sq, D = _bhsd(q, layout).shape
-    consumers = _SM90_CONSUMERS[D]
-    launch = hopper.launch(q.device, B * H * -(-Sq // (64 * consumers)), 128 * (consumers + 1))
+    block_q, threads = _sm90_forward_shape(D)
+    launch = hopper.launch(q.device, B * H * -(-Sq // block_q), threads)
     if launch is None:
         return None
     template = [("T", q.dtype), ("D", D), ("BSHD", layout == "bshd"),
