@@ -20,7 +20,6 @@ import math
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import tempfile
 
@@ -29,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernelkit as kk
 from kernelkit import fastcall
+from kernelkit.benchmarks import interleaved_ms
 
 CASES = ["4,16,4096,128", "4,16,1024,128", "4,16,4096,64", "4,16,16384,128"]  # the longest last
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -59,17 +59,7 @@ def time_interleaved(fns: dict, rounds: int, target_ms: float) -> dict:
         end.record()
         end.synchronize()
         iters[n] = max(1, min(50, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
-    times = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, f in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters[n]):
-                f()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / iters[n])
-    return {n: statistics.median(t) for n, t in times.items()}
+    return interleaved_ms(fns, rounds, iters)
 
 
 def sass_counts() -> dict:

@@ -26,10 +26,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 import kernelkit as kk  # noqa: E402
 from kernelkit.ops import dequantize_mxfp8, matmul_add_relu, mxfp8_matmul, quantize_mxfp8  # noqa: E402
+from kernelkit.benchmarks import interleaved_ms  # noqa: E402
 from kernelkit.ops import hopper  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_talk_matmul import sass_counts, time_interleaved as interleaved  # noqa: E402
+from bench_talk_matmul import sass_counts  # noqa: E402
 
 
 def rel(out, ref) -> float:
@@ -52,11 +53,11 @@ def fused_case(batch: int, n: int, dtype, iters: int, rounds: int) -> list[dict]
     ref = torch.relu(lhs.double() @ rhs.double() + bias.double())
     errs = {k: rel(f(), ref) for k, f in fns.items()}
     del ref
-    ms = interleaved(fns, iters, rounds)
+    ms = interleaved_ms(fns, rounds, iters)
     # the persistent kernel's SASS (these operands are row-major: lhs K-major, rhs N-major)
     views = [t.view(-1, *t.shape[-2:]) for t in (lhs, rhs, bias)]
     sass = kernel_sass(mar._persistent_kernel, inputs=views, output_dtypes=[dtype], output_shapes=[views[2].shape],
-                       template=[("T", dtype), ("KA", 1), ("KB", 0), ("BIAS", 1), ("RELU", 1)],
+                       template=[("T", dtype), ("KA", 1), ("KB", 0), ("BIAS", 3), ("RELU", 1)],  # bias staged
                        grid=(hopper.THREADS, 1, 1), threadgroup=(hopper.THREADS, 1, 1))
     flop = 2 * batch * n ** 3
     name = f"matmul_add_relu {str(dtype).split('.')[1]} {batch} x {n}^3"
@@ -82,7 +83,7 @@ def mxfp8_case(n: int, iters: int, rounds: int) -> list[dict]:
     ref = dequantize_mxfp8(ad, as_).double() @ dequantize_mxfp8(bd, bs).double().T
     err = rel(mxfp8_matmul(ad, as_, bd, bs), ref)
     del ref
-    ms = interleaved(fns, iters, rounds)
+    ms = interleaved_ms(fns, rounds, iters)
     mx = sys.modules["kernelkit.ops.mxfp8"]
     sass = kernel_sass(mx._matmul, inputs=[ad.view(torch.uint8), as_, bd.view(torch.uint8), bs],
                        output_dtypes=[torch.bfloat16], template=mx._template())

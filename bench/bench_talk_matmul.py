@@ -27,6 +27,7 @@ import sys
 import torch
 
 import kernelkit as kk
+from kernelkit.benchmarks import interleaved_ms
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_tensor_ops  # noqa: E402
@@ -135,24 +136,6 @@ def _compile(job):
                    template=ca["template"])
 
 
-def time_interleaved(fns: dict, iters: int, rounds: int) -> dict:
-    import statistics
-    for f in fns.values():
-        f()
-    torch.cuda.synchronize()
-    times = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, f in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                f()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / iters)
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
@@ -198,7 +181,7 @@ def main():
                 errs[v] = ((fns[v]().double() - ref).norm() / ref_norm).item()
             del ref
             torch.cuda.empty_cache()
-            ms = time_interleaved(fns, args.iters, args.rounds)
+            ms = interleaved_ms(fns, args.rounds, args.iters)
             flop = 2 * size ** 3
             for n, t in ms.items():
                 rows.append(dict(size=size, dtype=name, variant=n, ms=t, tflops=flop / t / 1e9,

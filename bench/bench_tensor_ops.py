@@ -16,12 +16,12 @@ import datetime
 import json
 import re
 import shutil
-import statistics
 import subprocess
 
 import torch
 
 import kernelkit as kk
+from kernelkit.benchmarks import interleaved_ms
 
 HEADER = """
 #include <kernelkit/tensor_ops/sm90_wgmma.h>
@@ -115,24 +115,6 @@ def matmul(a, b, scale=None, out_dtype=torch.bfloat16, bm=128, bn=128, stages=3,
                        ("WARPGROUPS", warpgroups)])[0]
 
 
-def time_interleaved(fns: dict, iters: int, rounds: int) -> dict:
-    """Median ms per call of each function, rounds of `iters` calls taken in turn."""
-    for f in fns.values():
-        f()
-    torch.cuda.synchronize()
-    times = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, f in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                f()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / iters)
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
 def rel_err(x, ref):
     return ((x.double() - ref).norm() / ref.norm()).item()
 
@@ -169,7 +151,7 @@ def case(size: int, dtype, layout: str, variants: list, iters: int, rounds: int)
         errs[name] = rel_err(fn(), ref)
         fns[name] = fn
     del ref
-    ms = time_interleaved(fns, iters, rounds)
+    ms = interleaved_ms(fns, rounds, iters)
     flops = 2.0 * M * N * K
     base_tf = flops / ms[base[0]] / 1e9
     for n in fns:

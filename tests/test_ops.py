@@ -400,9 +400,11 @@ def test_matmul_add_relu_wide_tiles(device, dtype):
 
 def _persistent_cases(dtype):
     """(lhs, rhs, bias) that the persistent Hopper GEMM takes: each operand majorness, edges off
-    the 256 x 128 tiles and K off its 64-element stages, a broadcast rhs, more tiles than an H100
-    has SMs; (N,) and full biases (pairs loaded by the layer), a column (loaded by the epilogue),
-    and none (the backward's products)."""
+    the 256 x 128 tiles (a tile's last 64 columns or last 128 rows wholly outside) and K off its
+    64-element stages, a broadcast rhs, more tiles than an H100 has SMs; full biases (staged by
+    TMA: one a batch, one for all batches), a row for all rows and a full bias TMA cannot read
+    (pairs loaded by the layer), a column (loaded by the epilogue), and none (the backward's
+    products)."""
     def r(*shape):
         return torch.randn(shape, device="cuda").to(dtype)
     return [
@@ -410,7 +412,10 @@ def _persistent_cases(dtype):
         (r(2, 264, 304)[..., :300].transpose(1, 2),                              # M-major lhs,
          r(2, 200, 264).transpose(1, 2), r(2, 300, 200)),                         # K-major rhs
         (r(1100, 136), r(136, 2056), r(1100, 2056)),                             # one matrix, 9 x 17 tiles
-        (r(3, 513, 520), r(3, 520, 1032), r(3, 513, 1)),                         # 3 x 3 x 9 tiles
+        (r(3, 513, 520), r(3, 520, 1032), r(3, 513, 1032)),                      # 3 x 3 x 9 tiles
+        (r(2, 300, 264), r(2, 264, 200), r(300, 200)),                           # bias for all batches
+        (r(300, 136), r(136, 200), r(308, 208)[8:, 4:204]),                      # bias 8-byte aligned
+        (r(3, 513, 520), r(3, 520, 1032), r(3, 513, 1)),                         # a column
     ]
 
 
@@ -436,17 +441,19 @@ def test_matmul_add_relu_persistent(dtype, monkeypatch):
         ref.backward(cot.double())
         for t, r in zip(leaves, refs):
             assert relative_error(t.grad, r.grad) < 2e-2
-    assert len(launches) == 3 * 4  # forward, then the backward's two products, each case
+    assert len(launches) == 3 * 7  # forward, then the backward's two products, each case
     assert {(dict(t)["KA"], dict(t)["KB"]) for t in launches} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert {dict(t)["BIAS"] for t in launches[::3]} == {1, 2, 3}
 
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_matmul_add_relu_persistent_compiles_for_sm90a(dtype, nvrtc):
-    """The persistent kernel in each operand majorness and bias mode (pairs by the layer, elements
-    by the epilogue, none), as an H100 launches it, compiled by NVRTC (on a GPU machine too)."""
+    """The persistent kernel in each operand majorness and bias mode (staged tiles and pairs by
+    the layer, elements by the epilogue, none), as an H100 launches it, compiled by NVRTC (on a
+    GPU machine too)."""
     mar = sys.modules["kernelkit.ops.matmul_add_relu"]
     meta = torch.empty(2, 256, 256, dtype=dtype, device="meta")
-    for ka, kb, bias in [(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 0, 2)]:
+    for ka, kb, bias in [(0, 0, 1), (0, 1, 3), (1, 0, 1), (1, 1, 0), (1, 0, 2), (1, 0, 3)]:
         template = [("T", dtype), ("KA", ka), ("KB", kb), ("BIAS", bias), ("RELU", 1)]
         compiled = kk.compile_for(mar._persistent_kernel, "sm_90", inputs=[meta] * 3, output_dtypes=[dtype],
                                   output_shapes=[meta.shape], template=template, grid=(384, 1, 1),

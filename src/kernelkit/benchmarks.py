@@ -113,6 +113,32 @@ def cuda_median_ms(fn, repeat: int = 50, warmup: int = 5) -> float:
     return times[len(times) // 2]
 
 
+def interleaved_ms(fns: dict, rounds: int, iters) -> dict:
+    """Median ms a call of each of `fns` (name -> fn), the fns taking turns: each round times
+    `iters` calls of each (an int, or a dict by name) with CUDA events. A sleep kernel keeps the
+    GPU busy while a round's first calls are enqueued, so that a round times the GPU's work (and
+    the host only where it cannot keep up), not its first call's host latency after the
+    synchronisation before it (as triton's do_bench hides it behind its cache flush): on the
+    H100 host that latency (~0.1-0.3 ms for a Python op) was most of the difference between an
+    op and its bare kernel launch in a 10-call round."""
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    times = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, f in fns.items():
+            count = iters[n] if isinstance(iters, dict) else iters
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1_000_000)  # ~0.5 ms at the H100's clocks
+            start.record()
+            for _ in range(count):
+                f()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end) / count)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
 def cpu_best_ms(fn, repeat: int = 3, warmup: int = 1) -> float:
     """Best host time of `repeat` calls (the CPU's noise only ever adds)."""
     for _ in range(warmup):

@@ -88,9 +88,12 @@ def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     ka, kb = _tma_operand(a), _tma_operand(b.transpose(1, 2))
     if ka is None or kb is None:
         return None
-    # the bias: none, pairs the layer loads under the last MMAs, or elements the epilogue loads
-    pairs = c.stride(2) == 1 and c.stride(0) % 2 == 0 and c.stride(1) % 2 == 0 and aligned(c, 4)
-    mode = 0 if bias is None else 1 if pairs else 2
+    # the bias: none, tiles the layer stages by TMA, pairs it loads under the last MMAs (a row
+    # for all rows: TMA wants a nonzero row stride), or elements the epilogue loads
+    s = c.stride()
+    pairs = s[2] == 1 and s[0] % 2 == 0 and s[1] % 2 == 0 and aligned(c, 4)
+    tiles = pairs and s[1] > 0 and s[1] % 8 == 0 and s[0] % 8 == 0 and aligned(c, 16)
+    mode = 0 if bias is None else 3 if tiles else 1 if pairs else 2
     launch = hopper.launch(dev, a.shape[0] * -(-M // 256) * -(-N // 128))
     if launch is None:
         return None

@@ -14,7 +14,7 @@
 // The contract:
 //
 //   namespace kk::tops::sm90 {
-//   template <class T, bool KA, bool KB, int Band = 16>
+//   template <class T, bool KA, bool KB, int Band = 16, bool StagedSource = false>
 //   struct persistent_gemm {
 //     static constexpr int threads = 384;    // the threadgroup: 2 consumer warpgroups, a producer one
 //     static constexpr int smem_bytes;       // its dynamic shared memory (the launcher gives it)
@@ -33,7 +33,9 @@
 //   bytes multiples of 16 (and nonzero), extents below 2^31, K > 0: the caller checks them.
 // - source (p may be null: none): an M x N matrix of T a batch, (row, col) at
 //   row * row_stride + col (row_stride may be 0: one row for all), read a pair (4 bytes) at a
-//   time: p 4-byte aligned, the strides even.
+//   time: p 4-byte aligned, the strides even. StagedSource: the source arrives by TMA through
+//   the pipeline instead (two stages a tile, after its K steps), which its limits allow where
+//   p is 16-byte aligned and the strides are multiples of 8 (row_stride nonzero).
 // - epilogue(v0, v1, s0, s1, batch, row, col) maps the sums of (row, col) and (row, col + 1) in
 //   place, s0 and s1 the source's elements there (0 without a source); it runs once per pair,
 //   every pair of the tile (rows >= M or cols >= N included: they are not stored).
@@ -48,13 +50,15 @@
 // Pipeline: 4 stages of A (256 x 128 bytes of K) and B (128 x 128 bytes), full and empty
 // mbarriers; the producer's first thread issues each stage's copies once its stage is released.
 // Each consumer warpgroup computes 128 rows of the tile (wgmma m64n128k16, two 64-row blocks),
-// one MMA group in flight; at the tile's start its threads prefetch the source's tile into L2
-// (a row each), and under the last MMAs each thread loads its 64 pairs of it at once. Then
-// the warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its 16 KB buffer
-// (128-byte swizzle), a TMA store each. Measured against the alternatives
+// one MMA group in flight. The source's tile is prefetched into L2 at the tile's start; pairs:
+// under the last MMAs each thread loads its 64 pairs of it at once; staged: the producer copies
+// it into the two stages after the tile's K steps (a warpgroup's 128 rows each, in the output
+// buffers' layout), and each warpgroup reads its pairs out and frees its stage before it
+// stores. Then the warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its
+// 16 KB buffer (128-byte swizzle), a TMA store each. Measured against the alternatives
 // (bench/notes/sm90_wgmma.md): the source read from DRAM in the epilogue cost ~17 us a tile;
-// staged by TMA into 32 KB tile buffers it cost a stage (3 instead of 4: -6% at 8 x 2048^3 and
-// -10% at 8192^3 on the main loop alone); prefetched four K steps before the end it came late
+// staged by TMA into 32 KB buffers of its own it cost a stage (3 instead of 4: -6% at 8 x 2048^3
+// and -10% at 8192^3 on the main loop alone); prefetched four K steps before the end it came late
 // (-7% at 8 x 2048^3); loaded into registers four K steps before the end, inside the loop, it
 // spilled (89 stores: the loop's state beside 128 accumulators and 64 pairs).
 #pragma once
@@ -64,7 +68,7 @@
 
 namespace kk::tops::sm90 {
 
-template <class T, bool KA, bool KB, int Band = 16>
+template <class T, bool KA, bool KB, int Band = 16, bool StagedSource = false>
 struct persistent_gemm {
   static constexpr int BM = 256, BN = 128, Stages = 4, threads = 384, consumer_threads = 256;
   static constexpr int E = wgmma_type<T>::id;
@@ -75,7 +79,7 @@ struct persistent_gemm {
   using A16 = detail::stager<T, BM, KA, consumer_threads>;
   using B16 = detail::stager<T, BN, KB, consumer_threads>;
   static constexpr int half_bytes = 128 * 128;                 // a warpgroup's 128 x 64 outputs
-  // stages, two output buffers, barriers and three maps (1024); + 1024 to align the stages
+  // stages, two output buffers, barriers and four maps (1024); + 1024 to align the stages
   static constexpr int smem_bytes = Stages * stage_bytes + 2 * half_bytes + 1024 + 1024;
 
   struct operand {
@@ -95,20 +99,23 @@ struct persistent_gemm {
     using namespace detail;
     const unsigned base = persistent_smem<smem_bytes, threads>();
     const unsigned outs = base + Stages * stage_bytes, extra = outs + 2 * half_bytes;
-    // full[Stages], empty[Stages], the slots word; maps from + 128
+    // full[Stages], empty[Stages], the slots word; maps (A, B, C, the staged source) from + 128
     const unsigned full = extra, empty = extra + 8 * Stages, slot_word = extra + 16 * Stages, maps = extra + 128;
     const int t = int(threadIdx.x), warp = t >> 5;
     const unsigned sm = current_sm();
 
-    // The producer's first warp makes the maps (A, B; C) and sets up the barriers.
+    // The producer's first warp makes the maps (A, B; C, source) and sets up the barriers.
     if (warp == 8)
-      publish_maps<3>(sm, maps, slot_word, [&] {
+      publish_maps<StagedSource ? 4 : 3>(sm, maps, slot_word, [&] {
         constexpr int et = 1;  // 2-byte elements
         if (KA) make_map<et>(maps, a.p, K, M, a.row_stride * 2, BK, BM, a.batches, batch_bytes(a, M));
         else make_map<et>(maps, a.p, M, K, a.row_stride * 2, 64, BK, a.batches, batch_bytes(a, K));
         if (KB) make_map<et>(maps + 128, b.p, K, N, b.row_stride * 2, BK, BN, b.batches, batch_bytes(b, N));
         else make_map<et>(maps + 128, b.p, N, K, b.row_stride * 2, 64, BK, b.batches, batch_bytes(b, K));
         make_map<et>(maps + 256, c, N, M, (unsigned long long)N * 2, 64, 128, batches, (unsigned long long)M * N * 2);
+        if (StagedSource && source.p != nullptr)
+          make_map<et>(maps + 384, source.p, N, M, source.row_stride * 2, 64, 128, source.batches,
+                       batch_bytes(source, M));
         ring_init(full, empty, Stages, consumer_threads / 32);
       });
     __syncthreads();
@@ -122,20 +129,42 @@ struct persistent_gemm {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
       if (t == 256) {
         const void *map_a = map_in(sm, slots, 0), *map_b = map_in(sm, slots, 1);
+        const bool staged = StagedSource && source.p != nullptr;
+        const void* map_s = staged ? map_in(sm, slots, 3) : nullptr;
         acquire_map(map_a);
         acquire_map(map_b);
+        if (staged) acquire_map(map_s);
         int it = 0;
+        // the next free stage, once released, its full barrier and its address
+        const auto next = [&](unsigned& bar) {
+          const int s = it % Stages, use = it / Stages;
+          if (use > 0) mbar_wait(empty + 8 * s, (use & 1) ^ 1);
+          bar = full + 8 * s;
+          return base + s * stage_bytes;
+        };
         for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x)) {
           int bt, m0, n0;
           where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
-          const int ba = a.batches == 1 ? 0 : bt, bb = b.batches == 1 ? 0 : bt;
+          const int ba = a.batches == 1 ? 0 : bt, bb = b.batches == 1 ? 0 : bt, bs = source.batches == 1 ? 0 : bt;
+          if (staged)  // into L2 now, so that its stages land at once after the K steps
+            for (int q = 0; q < 4; ++q)
+              if (m0 + 128 * (q >> 1) < M && n0 + 64 * (q & 1) < N)
+                tma_prefetch_3d(map_s, n0 + 64 * (q & 1), m0 + 128 * (q >> 1), bs);
           for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-            const int s = it % Stages, use = it / Stages;
-            if (use > 0) mbar_wait(empty + 8 * s, (use & 1) ^ 1);
-            const unsigned dst = base + s * stage_bytes, bar = full + 8 * s;
+            unsigned bar;
+            const unsigned dst = next(bar);
             mbar_expect_tx(bar, stage_bytes);
             A16::issue(dst, map_a, kt * BK, m0, ba, bar);
             B16::issue(dst + a_bytes, map_b, kt * BK, n0, bb, bar);
+          }
+          for (int wg = 0; staged && wg < 2; ++wg, ++it) {
+            // warpgroup wg's 128 rows of the source, two boxes of 64 columns as its output buffer
+            // holds them; boxes wholly past the edges are not copied (their pairs are not stored)
+            unsigned bar;
+            const unsigned dst = next(bar);
+            const int row = m0 + 128 * wg, boxes = row < M ? (n0 + 64 < N ? 2 : 1) : 0;
+            mbar_expect_tx(bar, boxes * half_bytes);
+            for (int h = 0; h < boxes; ++h) tma_load_3d(dst + h * half_bytes, map_s, n0 + 64 * h, row, bs, bar);
           }
         }
       }
@@ -186,7 +215,7 @@ struct persistent_gemm {
       int bt, m0, n0;
       where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
       const int row0 = m0 + wg * 128;
-      if (source.p != nullptr && row0 + tw < M) {
+      if (!StagedSource && source.p != nullptr && row0 + tw < M) {
         // the source's rows of this warpgroup into L2 (a row of the tile a thread), read under the
         // last MMAs
         const T* r = source_row(source, bt, row0 + tw) + n0;
@@ -215,7 +244,7 @@ struct persistent_gemm {
         wgmma_wait<1>();  // the previous stage's MMAs are done: release it
         if (kt > 0 && (t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
       }
-      if (source.p != nullptr) {
+      if (!StagedSource && source.p != nullptr) {
         // This thread's pairs of the source, all loads in flight together under the last MMAs: its
         // four rows' pointers, then constant offsets (a pair's columns are inside N when its
         // 8-column block is: N % 8 == 0).
@@ -240,6 +269,25 @@ struct persistent_gemm {
 #pragma unroll
       for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
       if ((t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
+      if (StagedSource && source.p != nullptr) {
+        // The two source stages: both waited (a barrier's phases are told apart by parity only),
+        // this warpgroup's read into its pairs and freed by its warps (two arrivals each).
+        mbar_wait(full + 8 * (it % Stages), (it / Stages) & 1);
+        mbar_wait(full + 8 * ((it + 1) % Stages), ((it + 1) / Stages) & 1);
+        const int s = (it + wg) % Stages;
+        const unsigned stage = base + s * stage_bytes;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int j = 0; j < 64; j += 2) {
+            const int row = row_of(mi, j), cb = col_of(j) * 2;  // byte in the 256-byte row of 128 columns
+            src[mi * 32 + j / 2] = ld_shared_u32(stage + (cb >> 7) * half_bytes + row * 128 +
+                                                 ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15));
+          }
+        __syncwarp();
+        if ((t & 31) == 0) mbar_arrive_count(empty + 8 * s, 2);
+        it += 2;
+      }
       // Epilogue: two halves of 64 columns through this warpgroup's buffer, a TMA store each.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -254,7 +302,7 @@ struct persistent_gemm {
             if (source.p != nullptr) unpack_pair<T>(src[i / 2], s0, s1);
             float v0 = acc[i], v1 = acc[i + 1];
             epilogue(v0, v1, s0, s1, bt, row0 + row, n0 + col);
-            const int cb = (col - 64 * h) * 2;  // byte in the buffer's 128-byte row
+            const int cb = (col - 64 * h) * 2;  // byte in the buffer's 128-byte row (the staged source's too)
             st_shared(out + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15), pack_pair<T>(v0, v1));
           }
         fence_proxy_async();

@@ -174,6 +174,10 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// `count` arrivals at once (a warp that frees a stage for others that never touch it)
+__device__ __forceinline__ void mbar_arrive_count(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
 // The same by the threads where `pred` holds, without a branch (a branch between a wgmma's issue
 // and its wait makes ptxas wait for it there).
 __device__ __forceinline__ void mbar_arrive_if(unsigned bar, bool pred) {
@@ -212,6 +216,11 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const void* map, int c
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
       ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+// A box of a 3-D map into L2 only (no shared memory, no barrier)
+__device__ __forceinline__ void tma_prefetch_3d(const void* map, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n"
+               ::"l"(map), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 __device__ __forceinline__ void tma_load_4d(unsigned dst, const void* map, int c0, int c1, int c2, int c3,
                                             unsigned bar) {
@@ -684,6 +693,11 @@ __device__ __forceinline__ unsigned scale_bits(unsigned s) {
 }
 __device__ __forceinline__ void ld_shared_v4(unsigned addr, float& x, float& y, float& z, float& w) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "r"(addr));
+}
+__device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
+  unsigned v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
 }
 __device__ __forceinline__ void ld_shared_v2(unsigned addr, float& x, float& y) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
