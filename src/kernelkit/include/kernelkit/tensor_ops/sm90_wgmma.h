@@ -992,7 +992,17 @@ struct warpgroup_gemm {
     // publishing the two maps costs ~2 us a run, the time of ~16 tiles' cp.async handicap.
     if (tma_allowed && tiles >= 16 && sa.tma_ok(K) && sb.tma_ok(K) && sm < max_sms) {
       // TMA: thread 0 issues each stage's copies, completing on full[s]; the warps release a
-      // stage on empty[s] once their MMAs have read it. One MMA group stays in flight.
+      // stage on empty[s] once their MMAs have read it. One MMA group stays in flight. The first
+      // Stages - 1 stages come by cp.async, every thread's, issued before warp 0 makes and
+      // publishes the maps (~2 us): the tensor cores start on them without waiting for the maps
+      // (their full barriers' first phases complete at once, as if TMA had filled them).
+      constexpr int early = Stages - 1;
+#pragma unroll
+      for (int s = 0; s < early; ++s) {
+        sa.load(base + s * stage_bytes, s * BK, K, t);
+        sb.load(base + s * stage_bytes + sa.bytes, s * BK, K, t);
+        cp_async_commit();
+      }
       const unsigned full = extra, empty = extra + 8 * Stages, slot_word = extra + 128;
       const unsigned map_a = extra + 256, map_b = extra + 384;
       int slot = 0;
@@ -1019,6 +1029,7 @@ struct warpgroup_gemm {
         acquire_map(ga);
         acquire_map(gb);
         ring_init(full, empty, Stages, 4 * WG);  // one arrival per warp
+        for (int s = 0; s < early; ++s) mbar_arrive(full + 8 * s);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       }
       if constexpr (Scaled) {
@@ -1027,7 +1038,7 @@ struct warpgroup_gemm {
       }
       named_barrier(barrier, threads);
       if (t == 0) {
-        for (int s = 0; s < Stages && s < tiles; ++s) {
+        for (int s = early; s < Stages && s < tiles; ++s) {
           mbar_expect_tx(full + 8 * s, stage_bytes);
           sa.issue(base + s * stage_bytes, ga, s * BK, full + 8 * s);
           sb.issue(base + s * stage_bytes + sa.bytes, gb, s * BK, full + 8 * s);
@@ -1037,7 +1048,13 @@ struct warpgroup_gemm {
       for (int kt = 0; kt < tiles; ++kt) {
         const int s = kt % Stages;
         if constexpr (Scaled) ss.load(kt + 1);
-        mbar_wait(full + 8 * s, (kt / Stages) & 1);
+        if (kt < early) {  // every thread's copies of the stage have landed
+          cp_async_wait_dynamic(early - 1 - kt);
+          fence_proxy_async();
+          named_barrier(barrier, threads);
+        } else {
+          mbar_wait(full + 8 * s, (kt / Stages) & 1);
+        }
         if constexpr (Scaled) {
           mma_stage_scaled(acc, base + s * stage_bytes, base + s * stage_bytes + sa.bytes, block0,
                            scale_slots + (kt & 1) * scale_slot_bytes, t);
