@@ -50,12 +50,13 @@
 // Pipeline: 4 stages of A (256 x 128 bytes of K) and B (128 x 128 bytes), full and empty
 // mbarriers; the producer's first thread issues each stage's copies once its stage is released.
 // Each consumer warpgroup computes 128 rows of the tile (wgmma m64n128k16, two 64-row blocks),
-// one MMA group in flight. The source's tile is prefetched into L2 at the tile's start; pairs:
-// under the last MMAs each thread loads its 64 pairs of it at once; staged: the producer copies
-// it into the two stages after the tile's K steps (a warpgroup's 128 rows each, in the output
-// buffers' layout), and each warpgroup reads its pairs out and frees its stage before it
-// stores. Then the warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its
-// 16 KB buffer (128-byte swizzle), a TMA store each. Measured against the alternatives
+// one MMA group in flight. Pairs: the source's tile is prefetched into L2 at the tile's start,
+// and under the last MMAs each thread loads its 64 pairs of it at once; staged: the producer
+// prefetches it into L2 16 K steps before the tile's end and copies it into the two stages
+// after its K steps (a warpgroup's 128 rows each, in the output buffers' layout), and each
+// warpgroup reads its pairs out, freeing its stage once its first store is queued. Then the
+// warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its 16 KB buffer
+// (128-byte swizzle), a TMA store each. Measured against the alternatives
 // (bench/notes/sm90_wgmma.md): the source read from DRAM in the epilogue cost ~17 us a tile;
 // staged by TMA into 32 KB buffers of its own it cost a stage (3 instead of 4: -6% at 8 x 2048^3
 // and -10% at 8192^3 on the main loop alone); prefetched four K steps before the end it came late
@@ -79,6 +80,9 @@ struct persistent_gemm {
   using A16 = detail::stager<T, BM, KA, consumer_threads>;
   using B16 = detail::stager<T, BN, KB, consumer_threads>;
   static constexpr int half_bytes = 128 * 128;                 // a warpgroup's 128 x 64 outputs
+  // K steps before a tile's end at which a staged source is prefetched into L2: at the tile's
+  // start it was evicted again at K = 2048 (611 against 650 TFLOP/s, bf16 8 x 2048^3)
+  static constexpr int source_lead = 16;
   // stages, two output buffers, barriers and four maps (1024); + 1024 to align the stages
   static constexpr int smem_bytes = Stages * stage_bytes + 2 * half_bytes + 1024 + 1024;
 
@@ -146,11 +150,11 @@ struct persistent_gemm {
           int bt, m0, n0;
           where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
           const int ba = a.batches == 1 ? 0 : bt, bb = b.batches == 1 ? 0 : bt, bs = source.batches == 1 ? 0 : bt;
-          if (staged)  // into L2 now, so that its stages land at once after the K steps
-            for (int q = 0; q < 4; ++q)
-              if (m0 + 128 * (q >> 1) < M && n0 + 64 * (q & 1) < N)
-                tma_prefetch_3d(map_s, n0 + 64 * (q & 1), m0 + 128 * (q >> 1), bs);
           for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+            if (staged && kt == max(0, k_tiles - source_lead))  // into L2, so that its stages land at once
+              for (int q = 0; q < 4; ++q)
+                if (m0 + 128 * (q >> 1) < M && n0 + 64 * (q & 1) < N)
+                  tma_prefetch_3d(map_s, n0 + 64 * (q & 1), m0 + 128 * (q >> 1), bs);
             unsigned bar;
             const unsigned dst = next(bar);
             mbar_expect_tx(bar, stage_bytes);
@@ -269,13 +273,14 @@ struct persistent_gemm {
 #pragma unroll
       for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
       if ((t & 31) == 0) mbar_arrive(empty + 8 * ((it - 1) % Stages));
+      int staged = -1;  // the stage this warpgroup's source pairs came from, freed below
       if (StagedSource && source.p != nullptr) {
         // The two source stages: both waited (a barrier's phases are told apart by parity only),
-        // this warpgroup's read into its pairs and freed by its warps (two arrivals each).
+        // this warpgroup's read into its pairs.
         mbar_wait(full + 8 * (it % Stages), (it / Stages) & 1);
         mbar_wait(full + 8 * ((it + 1) % Stages), ((it + 1) / Stages) & 1);
-        const int s = (it + wg) % Stages;
-        const unsigned stage = base + s * stage_bytes;
+        staged = (it + wg) % Stages;
+        const unsigned stage = base + staged * stage_bytes;
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -284,8 +289,6 @@ struct persistent_gemm {
             src[mi * 32 + j / 2] = ld_shared_u32(stage + (cb >> 7) * half_bytes + row * 128 +
                                                  ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15));
           }
-        __syncwarp();
-        if ((t & 31) == 0) mbar_arrive_count(empty + 8 * s, 2);
         it += 2;
       }
       // Epilogue: two halves of 64 columns through this warpgroup's buffer, a TMA store each.
@@ -311,6 +314,12 @@ struct persistent_gemm {
           tma_store_3d(map_c, out, n0 + 64 * h, row0, bt);
           bulk_commit();
         }
+        // The source's stage freed by this warpgroup's warps (two arrivals each: the other
+        // warpgroup never touches it) once the first store is queued: the copies it lets the
+        // producer issue (the next tile's) would otherwise queue ahead of this tile's stores in
+        // the SM's TMA unit, and the second half waits for the first store's read (measured:
+        // 596 against 704 TFLOP/s at bf16 8 x 2048^3 with the stores or the source alone).
+        if (h == 0 && staged >= 0 && (t & 31) == 0) mbar_arrive_count(empty + 8 * staged, 2);
       }
     }
     if (tw == 0) bulk_wait();
