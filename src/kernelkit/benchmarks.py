@@ -120,7 +120,10 @@ def interleaved_ms(fns: dict, rounds: int, iters) -> dict:
     the host only where it cannot keep up), not its first call's host latency after the
     synchronisation before it (as triton's do_bench hides it behind its cache flush): on the
     H100 host that latency (~0.1-0.3 ms for a Python op) was most of the difference between an
-    op and its bare kernel launch in a 10-call round."""
+    op and its bare kernel launch in a 10-call round. As run(), in the steady state."""
+    from . import fastcall
+
+    fastcall.module(block=True)
     for f in fns.values():
         f()
     torch.cuda.synchronize()
@@ -827,7 +830,13 @@ RUNNERS = {"grid_sample": grid_sample_figures, "ops": ops_figures, "cpu": cpu_fi
 
 
 def run(kind: str, device: torch.device, quick: bool, command: str, tick: Tick = _no_tick) -> dict:
-    """One benchmark, as a result record."""
+    """One benchmark, as a result record, timed in the steady state: the C fast call path built
+    (once per machine, in a background thread that the first calls do not wait for) and loaded.
+    On a fresh machine a grid_sample forward + backward took ~1.3 ms of host time until then,
+    0.5-0.7 ms after (H100 host)."""
+    from . import fastcall
+
+    fastcall.module(block=True)
     if kind == "cpu":
         device = torch.device("cpu")
     if device.type == "cuda":
