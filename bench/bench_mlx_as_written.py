@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this 
 
 import kernelkit as kk  # noqa: E402
 from kernelkit import benchmarks as bm  # noqa: E402
+from kernelkit import fastcall  # noqa: E402
 from kernelkit.ops.grid_sample import FORWARD_SOURCE, VJP_SOURCE, grid_sample_reference  # noqa: E402
 
 
@@ -222,6 +223,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args()
     device = torch.device(a.device) if a.device else bm.best_device()
+    fastcall.module(block=True)  # the steady state: the C fast call path built and loaded
     command = "python bench/bench_mlx_as_written.py " + " ".join(sys.argv[1:])
     t0 = time.time()
     body = {"grid_sample": grid_sample_figures(device, a.quick),
