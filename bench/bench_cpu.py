@@ -9,7 +9,7 @@
 
     python bench/bench_cpu.py [--quick] [--out bench/results/<tag>/cpu.json]
 
-The code is kernelkit.benchmarks.cpu_figures, which `kernelkit bench --device cpu` runs too.
+The code is cpu_figures in kernelkit/benchmarks/cpu.py, which `kernelkit bench --device cpu` runs too.
 """
 
 import sys

@@ -3,7 +3,7 @@ kernels (exp, a row sum with a loop, the seed's grid_sample forward).
 
     python bench/bench_debug.py [--quick] [--device cuda|cpu] [--out FILE.json]
 
-The code is kernelkit.benchmarks.debug_figures, which `kernelkit bench` runs too.
+The code is debug_figures in kernelkit/benchmarks/debug.py, which `kernelkit bench` runs too.
 """
 
 import sys

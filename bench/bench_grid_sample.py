@@ -8,7 +8,7 @@ cache, and a fresh process reaching its first launch from a warm disk cache.
 
     python bench/bench_grid_sample.py [--quick] [--device cuda:N] [--out bench/results/<tag>/grid_sample.json]
 
-The code is kernelkit.benchmarks.grid_sample_figures, which `kernelkit bench` runs too.
+The code is grid_sample_figures in kernelkit/benchmarks/grid_sample.py, which `kernelkit bench` runs too.
 """
 
 import sys

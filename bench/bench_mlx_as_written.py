@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this 
 import kernelkit as kk  # noqa: E402
 from kernelkit import benchmarks as bm  # noqa: E402
 from kernelkit import fastcall  # noqa: E402
+from kernelkit.benchmarks.grid_sample import _hand_port  # noqa: E402
 from kernelkit.ops.grid_sample import FORWARD_SOURCE, VJP_SOURCE, grid_sample_reference  # noqa: E402
 
 
@@ -100,7 +101,7 @@ def grid_sample_figures(device, quick: bool) -> dict:
     grid = torch.rand(B, gH, gW, 2, device=device) * 2 - 1
     cot = torch.randn(B, gH, gW, C, device=device)
     held_fwd, held_vjp = held_calls()
-    port, why_not = bm._hand_port(device, x, grid, cot)
+    port, why_not = _hand_port(device, x, grid, cot)
 
     ref = grid_sample_reference(x, grid)
     xr, gr = x.detach().requires_grad_(), grid.detach().requires_grad_()

@@ -7,7 +7,7 @@ forward, and forward+backward (x_grad and grid_grad), beside torch.nn.functional
 
     python bench/bench_ops.py [--quick] [--device cuda:N] [--out bench/results/<tag>/ops.json]
 
-The code is kernelkit.benchmarks.ops_figures, which `kernelkit bench` runs too.
+The code is ops_figures in kernelkit/benchmarks/ops.py, which `kernelkit bench` runs too.
 """
 
 import sys

@@ -5,7 +5,7 @@ host time per call including output allocation, no sync inside the loop.
 
     python bench/bench_overhead.py [--quick] [--device cuda|cpu] [--out FILE.json]
 
-The code is kernelkit.benchmarks.overhead_figures, which `kernelkit bench` runs too.
+The code is overhead_figures in kernelkit/benchmarks/overhead.py, which `kernelkit bench` runs too.
 """
 
 import sys

@@ -13,7 +13,8 @@ import torch
 
 import kernelkit
 from kernelkit import cache
-from kernelkit.benchmarks import Progress, _ms, have_matplotlib
+from kernelkit.benchmarks import Progress, have_matplotlib
+from kernelkit.benchmarks.report import _ms
 from kernelkit.cache import CompileCache
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -242,12 +243,12 @@ def test_progress_bar_only_on_a_terminal():
 
 
 def test_results_without_matplotlib_get_a_note(tmp_path, monkeypatch):
-    from kernelkit import benchmarks
-    monkeypatch.setattr(benchmarks, "have_matplotlib", lambda: False)
+    from kernelkit.benchmarks import report
+    monkeypatch.setattr(report, "have_matplotlib", lambda: False)  # where write_results looks it up
     result = {"benchmark": "overhead", "device": "cpu", "date": "2026-01-01", "command": "kernelkit bench",
               "kernelkit_call_us": 9.0, "torch_add__us": 2.0, "torch_empty_us": 1.0}
-    written, notes = benchmarks.write_results({"overhead": result}, tmp_path)
-    assert notes == [benchmarks.MATPLOTLIB_NOTE]
+    written, notes = report.write_results({"overhead": result}, tmp_path)
+    assert notes == [report.MATPLOTLIB_NOTE]
     assert sorted(p.name for p in written) == ["overhead.json", "results.md"]
 
 
