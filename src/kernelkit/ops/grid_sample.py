@@ -1,16 +1,22 @@
 """grid_sample on NHWC data: the "Complex Example" of MLX's custom Metal kernel guide, grown
 to torch.nn.functional.grid_sample's 2-D semantics.
 
-First the seed: its forward and VJP kernel sources unchanged, and the Python around them
-(`grid_sample_seed`, `grid_sample_vjp`) with torch tensors in place of mx arrays; tests and
-benchmarks use them. Then the full op, `grid_sample`: every mode, padding and align_corners,
-float16/bfloat16/float32/float64, differentiable through `kk.custom_function`, written with
-`kk.cuda_kernel` for speed (see "The full op" below).
+First the seed: its forward and VJP kernel sources unchanged (grid_sample_seed_forward.metal,
+grid_sample_seed_vjp.metal), and the Python around them (`grid_sample_seed`, `grid_sample_vjp`)
+with torch tensors in place of mx arrays; tests and benchmarks use them. Then the full op,
+`grid_sample`: every mode, padding and align_corners, float16/bfloat16/float32/float64,
+differentiable through `kk.custom_function`, written with `kk.cuda_kernel` for speed (see "The
+full op" below). Its kernels are files beside this one too, each opening with what it does:
+grid_sample.cu (the header they share), grid_sample_sample.cu (the forward; with GS_BINNING
+defined, the forward that also bins for the backward), grid_sample_scatter.cu and
+grid_sample_spilled.cu (the backward by tiles), grid_sample_points.cu (the CPU's backward); the
+binning kernel, a few lines, is BIN_SOURCE here.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -19,152 +25,20 @@ from .. import cuda_kernel, custom_function, metal_kernel
 from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions
 
-# Seed 1 (mlx_custom_metal_kernels.txt), the fused forward kernel, verbatim.
-# It reads the four corners of x before masking them: for samples near the
-# border those reads fall outside x (see BENCHMARKS.md / the issue notes).
-FORWARD_SOURCE = """
-        uint elem = thread_position_in_grid.x;
-        int H = x_shape[1];
-        int W = x_shape[2];
-        int C = x_shape[3];
-        int gH = grid_shape[1];
-        int gW = grid_shape[2];
 
-        int w_stride = C;
-        int h_stride = W * w_stride;
-        int b_stride = H * h_stride;
+def _source(name: str) -> str:
+    """A kernel body or header beside this module. Each file is exactly the text passed, so the
+    line numbers that compile errors and check_bounds quote are the file's."""
+    return Path(__file__).with_name(name).read_text()
 
-        uint grid_idx = elem / C * 2;
-        float ix = ((grid[grid_idx] + 1) * W - 1) / 2;
-        float iy = ((grid[grid_idx + 1] + 1) * H - 1) / 2;
 
-        int ix_nw = floor(ix);
-        int iy_nw = floor(iy);
-
-        int ix_ne = ix_nw + 1;
-        int iy_ne = iy_nw;
-
-        int ix_sw = ix_nw;
-        int iy_sw = iy_nw + 1;
-
-        int ix_se = ix_nw + 1;
-        int iy_se = iy_nw + 1;
-
-        T nw = (ix_se - ix)    * (iy_se - iy);
-        T ne = (ix    - ix_sw) * (iy_sw - iy);
-        T sw = (ix_ne - ix)    * (iy    - iy_ne);
-        T se = (ix    - ix_nw) * (iy    - iy_nw);
-
-        int batch_idx = elem / C / gH / gW * b_stride;
-        int channel_idx = elem % C;
-        int base_idx = batch_idx + channel_idx;
-
-        T I_nw = x[base_idx + iy_nw * h_stride + ix_nw * w_stride];
-        T I_ne = x[base_idx + iy_ne * h_stride + ix_ne * w_stride];
-        T I_sw = x[base_idx + iy_sw * h_stride + ix_sw * w_stride];
-        T I_se = x[base_idx + iy_se * h_stride + ix_se * w_stride];
-
-        I_nw = iy_nw >= 0 && iy_nw <= H - 1 && ix_nw >= 0 && ix_nw <= W - 1 ? I_nw : 0;
-        I_ne = iy_ne >= 0 && iy_ne <= H - 1 && ix_ne >= 0 && ix_ne <= W - 1 ? I_ne : 0;
-        I_sw = iy_sw >= 0 && iy_sw <= H - 1 && ix_sw >= 0 && ix_sw <= W - 1 ? I_sw : 0;
-        I_se = iy_se >= 0 && iy_se <= H - 1 && ix_se >= 0 && ix_se <= W - 1 ? I_se : 0;
-
-        out[elem] = nw * I_nw + ne * I_ne + sw * I_sw + se * I_se;
-    """
-
-# Seed 1, the VJP kernel (atomic outputs, init_value=0, simd_sum), verbatim.
-VJP_SOURCE = """
-        uint elem = thread_position_in_grid.x;
-        int H = x_shape[1];
-        int W = x_shape[2];
-        int C = x_shape[3];
-        // Pad C to the nearest larger simdgroup size multiple
-        int C_padded = ceildiv(C, threads_per_simdgroup) * threads_per_simdgroup;
-
-        int gH = grid_shape[1];
-        int gW = grid_shape[2];
-
-        int w_stride = C;
-        int h_stride = W * w_stride;
-        int b_stride = H * h_stride;
-
-        uint grid_idx = elem / C_padded * 2;
-        float ix = ((grid[grid_idx] + 1) * W - 1) / 2;
-        float iy = ((grid[grid_idx + 1] + 1) * H - 1) / 2;
-
-        int ix_nw = floor(ix);
-        int iy_nw = floor(iy);
-
-        int ix_ne = ix_nw + 1;
-        int iy_ne = iy_nw;
-
-        int ix_sw = ix_nw;
-        int iy_sw = iy_nw + 1;
-
-        int ix_se = ix_nw + 1;
-        int iy_se = iy_nw + 1;
-
-        T nw = (ix_se - ix)    * (iy_se - iy);
-        T ne = (ix    - ix_sw) * (iy_sw - iy);
-        T sw = (ix_ne - ix)    * (iy    - iy_ne);
-        T se = (ix    - ix_nw) * (iy    - iy_nw);
-
-        int batch_idx = elem / C_padded / gH / gW * b_stride;
-        int channel_idx = elem % C_padded;
-        int base_idx = batch_idx + channel_idx;
-
-        T gix = T(0);
-        T giy = T(0);
-        if (channel_idx < C) {
-            int cot_index = elem / C_padded * C + channel_idx;
-            T cot = cotangent[cot_index];
-            if (iy_nw >= 0 && iy_nw <= H - 1 && ix_nw >= 0 && ix_nw <= W - 1) {
-                int offset = base_idx + iy_nw * h_stride + ix_nw * w_stride;
-                atomic_fetch_add_explicit(&x_grad[offset], nw * cot, memory_order_relaxed);
-
-                T I_nw = x[offset];
-                gix -= I_nw * (iy_se - iy) * cot;
-                giy -= I_nw * (ix_se - ix) * cot;
-            }
-            if (iy_ne >= 0 && iy_ne <= H - 1 && ix_ne >= 0 && ix_ne <= W - 1) {
-                int offset = base_idx + iy_ne * h_stride + ix_ne * w_stride;
-                atomic_fetch_add_explicit(&x_grad[offset], ne * cot, memory_order_relaxed);
-
-                T I_ne = x[offset];
-                gix += I_ne * (iy_sw - iy) * cot;
-                giy -= I_ne * (ix - ix_sw) * cot;
-            }
-            if (iy_sw >= 0 && iy_sw <= H - 1 && ix_sw >= 0 && ix_sw <= W - 1) {
-                int offset = base_idx + iy_sw * h_stride + ix_sw * w_stride;
-                atomic_fetch_add_explicit(&x_grad[offset], sw * cot, memory_order_relaxed);
-
-                T I_sw = x[offset];
-                gix -= I_sw * (iy - iy_ne) * cot;
-                giy += I_sw * (ix_ne - ix) * cot;
-            }
-            if (iy_se >= 0 && iy_se <= H - 1 && ix_se >= 0 && ix_se <= W - 1) {
-                int offset = base_idx + iy_se * h_stride + ix_se * w_stride;
-                atomic_fetch_add_explicit(&x_grad[offset], se * cot, memory_order_relaxed);
-
-                T I_se = x[offset];
-                gix += I_se * (iy - iy_nw) * cot;
-                giy += I_se * (ix - ix_nw) * cot;
-            }
-        }
-
-        T gix_mult = W / 2;
-        T giy_mult = H / 2;
-
-        // Reduce across each simdgroup first.
-        // This is much faster than relying purely on atomics.
-        gix = simd_sum(gix);
-        giy = simd_sum(giy);
-
-        if (thread_index_in_simdgroup == 0) {
-            atomic_fetch_add_explicit(&grid_grad[grid_idx], gix * gix_mult, memory_order_relaxed);
-            atomic_fetch_add_explicit(&grid_grad[grid_idx + 1], giy * giy_mult, memory_order_relaxed);
-        }
-    """
+# Seed 1 (mlx_custom_metal_kernels.txt), the fused forward kernel and the VJP kernel (atomic
+# outputs, init_value=0, simd_sum), verbatim (less the opening newline and closing indent of the
+# guide's Python strings).
+# The forward reads the four corners of x before masking them: for samples near the border those
+# reads fall outside x (see BENCHMARKS.md / the issue notes).
+FORWARD_SOURCE = _source("grid_sample_seed_forward.metal")
+VJP_SOURCE = _source("grid_sample_seed_vjp.metal")
 
 _forward = metal_kernel(name="grid_sample", input_names=["x", "grid"], output_names=["out"],
                         source=FORWARD_SOURCE)
@@ -252,328 +126,17 @@ def grid_sample_reference(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 # The forward and the full op are cuda_kernel bodies (CUDA C++: vector loads through the
 # read-only cache, warp shuffles, dynamic shared memory); they run on the CPU backend too.
 
-# PyTorch's grid_sampler_compute_source_index_set_grad (aten/src/ATen/native/GridSampler.h),
-# step for step, in the compute type A, specialised to the padding (0 zeros, 1 border,
-# 2 reflection) and align_corners; `grad` receives d(source index) / d(grid coordinate). Then
-# the tiles a point reaches, and vector accesses: gs_ld / gs_st move V consecutive elements
-# (V * sizeof(T) bytes, at most 16, aligned to that) as one access, converting to / from A.
-HEADER = """
-template <typename A>
-A gs_clip(A in, int size, A& grad) {
-    // clip_coordinates_set_grad: the borders count as outside for the gradient
-    if (in <= A(0)) { grad = A(0); return A(0); }
-    A hi = A(size - 1);
-    if (in >= hi) { grad = A(0); return hi; }
-    grad = A(1);
-    return in;
-}
-
-template <typename A>
-A gs_reflect(A in, int twice_low, int twice_high, A& grad) {
-    // reflect_coordinates_set_grad
-    if (twice_low == twice_high) { grad = A(0); return A(0); }
-    A low = A(twice_low) / 2;
-    A span = A(twice_high - twice_low) / 2;
-    in = in - low;
-    A sign = A(1);
-    if (in < A(0)) { sign = A(-1); in = -in; }
-    A extra = fmod(in, span);
-    // PyTorch takes int(floor(in / span)) % 2; the parity computed in A stays defined when the
-    // quotient does not fit an int
-    bool odd = fmod(floor(in / span), A(2)) != A(0);
-    grad = odd ? -sign : sign;
-    return odd ? span - extra + low : extra + low;
-}
-
-template <int PADDING, bool ALIGN, typename A>
-A gs_source_index(A coord, int size, A& grad) {
-    if (ALIGN) {
-        grad = A(size - 1) / 2;
-        coord = (coord + 1) / 2 * A(size - 1);
-    } else {
-        grad = A(size) / 2;
-        coord = ((coord + 1) * A(size) - 1) / 2;
-    }
-    A g_clip, g_refl;
-    if (PADDING == 1) {
-        coord = gs_clip(coord, size, g_clip);
-        grad *= g_clip;
-    } else if (PADDING == 2) {
-        coord = ALIGN ? gs_reflect(coord, 0, 2 * (size - 1), g_refl)
-                      : gs_reflect(coord, -1, 2 * size - 1, g_refl);
-        coord = gs_clip(coord, size, g_clip);
-        grad *= g_refl * g_clip;
-    }
-    // CUDA's safe_downgrade_to_int_range (with 2^30 for INT_MAX, which float rounds up): far-off
-    // and non-finite coordinates (NaN fails both tests) become -100, outside the image, so
-    // that converting them to int stays defined.
-    if (!(coord > A(-1073741824) && coord < A(1073741824))) coord = A(-100);
-    return coord;
-}
-
-// Bilinear sampling at (ix, iy): corner k (0 nw, 1 ne, 2 sw, 3 se) is pixel (px(k), py(k)), with
-// PyTorch's weight and its terms of the gradient in ix and iy (d_ix, d_iy: the weight's
-// derivatives). A struct of six numbers, so that a kernel loops over corners in few registers.
-template <typename A>
-struct gs_bilinear {
-    int x0, y0;
-    A ax, bx, ay, by;  // x0 + 1 - ix, ix - x0, y0 + 1 - iy, iy - y0
-    gs_bilinear(A ix, A iy) : x0(int(floor(ix))), y0(int(floor(iy))) {
-        ax = A(x0 + 1) - ix;
-        bx = ix - A(x0);
-        ay = A(y0 + 1) - iy;
-        by = iy - A(y0);
-    }
-    int px(int k) const { return x0 + (k & 1); }
-    int py(int k) const { return y0 + (k >> 1); }
-    A wx(int k) const { return k & 1 ? bx : ax; }
-    A wy(int k) const { return k & 2 ? by : ay; }
-    A weight(int k) const { return wx(k) * wy(k); }
-    A d_ix(int k) const { return k & 1 ? wy(k) : -wy(k); }
-    A d_iy(int k) const { return k & 2 ? wx(k) : -wx(k); }
-    bool in(int k, int H, int W) const {
-        return px(k) >= 0 && px(k) < W && py(k) >= 0 && py(k) < H;
-    }
-};
-
-// The rows [y_lo, y_hi] and columns [x_lo, x_hi] of x that a point's corners reach (lo > hi:
-// none): bilinear floor(i) and floor(i) + 1, nearest rint(i) (halfway cases to even, as torch).
-template <bool NEAREST, typename A>
-void gs_reach(A ix, A iy, int H, int W, int& y_lo, int& y_hi, int& x_lo, int& x_hi) {
-    int x0, y0, x1, y1;
-    if (NEAREST) {
-        x0 = x1 = int(rint(ix));
-        y0 = y1 = int(rint(iy));
-    } else {
-        x0 = int(floor(ix));
-        y0 = int(floor(iy));
-        x1 = x0 + 1;
-        y1 = y0 + 1;
-    }
-    x_lo = x0 < 0 ? 0 : x0;
-    x_hi = x1 > W - 1 ? W - 1 : x1;
-    y_lo = y0 < 0 ? 0 : y0;
-    y_hi = y1 > H - 1 ? H - 1 : y1;
-}
-
-// A point's entries: the tiles of x (one row by tw columns) its corners reach, at most 2 x 2,
-// row-major. Returns how many; entry k is in row y_lo + k / nt and tile t_lo + k % nt, with
-// nt = t_hi - t_lo + 1: its bin is gs_bin(...).
-template <bool NEAREST, typename A>
-int gs_entries(A ix, A iy, int H, int W, int tw, int& y_lo, int& t_lo, int& t_hi) {
-    int y_hi, x_lo, x_hi;
-    gs_reach<NEAREST>(ix, iy, H, W, y_lo, y_hi, x_lo, x_hi);
-    if (x_lo > x_hi || y_lo > y_hi) return 0;
-    t_lo = x_lo / tw;
-    t_hi = x_hi / tw;
-    return (y_hi - y_lo + 1) * (t_hi - t_lo + 1);
-}
-
-inline int gs_bin(unsigned b, int H, int tiles, int y_lo, int t_lo, int t_hi, int k) {
-    const int nt = t_hi - t_lo + 1;
-    return (int(b) * H + y_lo + k / nt) * tiles + t_lo + k % nt;
-}
-
-// One entry as _bin stores it for _scatter: one aligned load.
-template <typename A> struct alignas(4 * sizeof(A)) gs_entry { A ix, iy; int p, k; };
-
-template <int BYTES> struct gs_bits;
-template <> struct gs_bits<2> { typedef unsigned short type; };
-template <> struct gs_bits<4> { typedef unsigned int type; };
-template <> struct gs_bits<8> { typedef uint2 type; };
-template <> struct gs_bits<16> { typedef uint4 type; };
-struct alignas(32) gs_bits32 { uint4 lo, hi; };
-template <> struct gs_bits<32> { typedef gs_bits32 type; };  // stores of 8 floats (a tile of A)
-template <typename T, int V> struct alignas(sizeof(T) * V) gs_vec { T v[V]; };
-
-// V elements at p into out[0..V), through the read-only data cache (the data is not written
-// while the kernel runs); STREAM: first out of the caches (data read once).
-template <int V, bool STREAM = false, typename T, typename A>
-void gs_ld(const T* p, A* out) {
-    typedef typename gs_bits<sizeof(T) * V>::type B;
-    const B bits = STREAM ? __ldcs(reinterpret_cast<const B*>(p)) : __ldg(reinterpret_cast<const B*>(p));
-    gs_vec<T, V> r;
-    memcpy(&r, &bits, sizeof(r));
-    for (int i = 0; i < V; ++i) out[i] = A(r.v[i]);
-}
-
-// v[0..V) rounded to T into p; STREAM: first out of the caches (data not read again soon).
-template <int V, bool STREAM = false, typename T, typename A>
-void gs_st(T* p, const A* v) {
-    typedef typename gs_bits<sizeof(T) * V>::type B;
-    gs_vec<T, V> r;
-    for (int i = 0; i < V; ++i) r.v[i] = T(v[i]);
-    B bits;
-    memcpy(&bits, &r, sizeof(bits));
-    if constexpr (STREAM) {
-        __stcs(reinterpret_cast<B*>(p), bits);
-    } else {
-        *reinterpret_cast<B*>(p) = bits;
-    }
-}
-
-// The binning, one entry at a time: point p's entry k (none when the point has k entries or
-// fewer) into a free slot of its tile (an atomic increment of the tile's count gives the slot),
-// or onto the spill list. Entry 0 also stores the point's slopes: d(ix)/d(grid x),
-// d(iy)/d(grid y). count (bins + 1): each tile's entries (spilled ones too), then the spilled
-// entries; entries: K slots per tile, then the spill list.
-template <bool NEAREST, int PADDING, bool ALIGN, typename G, typename A>
-void gs_bin_entry(const G* grid, uint64_t p, unsigned b, int k, int H, int W, int tw, int K,
-                  int64_t bins, A* slopes, int* count, A* entries) {
-    A gmx, gmy;
-    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
-    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
-    if (k == 0) {
-        const A m[2] = {gmx, gmy};
-        gs_st<2>(slopes + 2 * p, m);
-    }
-    int y_lo, t_lo, t_hi;
-    if (k >= gs_entries<NEAREST>(ix, iy, H, W, tw, y_lo, t_lo, t_hi)) return;
-    const int bin = gs_bin(b, H, (W + tw - 1) / tw, y_lo, t_lo, t_hi, k);
-    const int r = atomicAdd(&count[bin], 1);
-    gs_entry<A> e;
-    e.ix = ix;
-    e.iy = iy;
-    e.p = int(p);
-    gs_entry<A>* out = reinterpret_cast<gs_entry<A>*>(entries);
-    e.k = k;
-    out[r < K ? int64_t(bin) * K + r : bins * K + atomicAdd(&count[bins], 1)] = e;
-}
-
-// dst[0..V) += w * v[0..V), atomically: one 16-byte atomic for four float32 in global memory
-// (GLOBAL: 16-byte aligned) where the GPU has it (sm_90), else one per element.
-template <bool GLOBAL, int V, typename D, typename A>
-void gs_atomic_add(D* dst, A w, const A* v) {
-    for (int i = 0; i < V; ++i) atomicAdd(&dst[i], D(w * v[i]));
-}
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-template <bool GLOBAL, int V, typename A>
-void gs_atomic_add(float* dst, A w, const A* v) {
-    if constexpr (GLOBAL && V == 4) {
-        atomicAdd(reinterpret_cast<float4*>(dst), float4{float(w * v[0]), float(w * v[1]), float(w * v[2]),
-                                                         float(w * v[3])});
-    } else {
-        for (int i = 0; i < V; ++i) atomicAdd(&dst[i], float(w * v[i]));
-    }
-}
-#endif
-
-// An entry's share of the backward, by its L lanes (`lane`: this thread's): for its point's
-// corners in row `row` of x and columns [x_lo, x_lo + ncol), channels [0, nc) of the point's
-// cotangent row `cot`, it adds weight x cotangent to dst (column col and channel c at
-// dst[col * ld + c]; GLOBAL: dst is in global memory) and, bilinear, sums this lane's terms of
-// the point's gradient in its source coordinates (gix, giy: before the slopes), reading x's
-// corners at xs (x at column x_lo of the row). has: whether there is an entry (else e is a
-// stand-in and nothing is done).
-template <bool NEAREST, bool GLOBAL, int V, int L, typename T, typename A, typename D>
-void gs_scatter_entry(const gs_entry<A>& e, bool has, int row, int x_lo, int ncol, int nc, int lane,
-                      const T* cot, const T* xs, int C, D* dst, int ld, A& gix, A& giy) {
-    // the corners (at most two): column from x_lo (-1: none), weight for dst (w) and for the
-    // gradient in ix (dx) and iy (dy), as PyTorch's
-    int cx0 = -1, cx1 = -1;
-    A w0 = A(0), w1 = A(0), dx0 = A(0), dx1 = A(0), dy0 = A(0), dy1 = A(0);
-    if (NEAREST) {
-        const int xn = int(rint(e.ix)) - x_lo;
-        if (xn >= 0 && xn < ncol) { cx0 = xn; w0 = A(1); }
-    } else {
-        const gs_bilinear<A> s(e.ix, e.iy);
-        const int k = 2 * (row - s.y0);  // the point's corners in this row: k, k + 1
-        if (s.px(k) - x_lo >= 0 && s.px(k) - x_lo < ncol) {
-            cx0 = s.px(k) - x_lo; w0 = s.weight(k); dx0 = s.d_ix(k); dy0 = s.d_iy(k);
-        }
-        if (s.px(k + 1) - x_lo >= 0 && s.px(k + 1) - x_lo < ncol) {
-            cx1 = s.px(k + 1) - x_lo; w1 = s.weight(k + 1); dx1 = s.d_ix(k + 1); dy1 = s.d_iy(k + 1);
-        }
-    }
-    for (int c = lane * V; has && c < nc; c += L * V) {
-        A go[V], v[V];
-        gs_ld<V>(cot + c, go);
-        if (cx0 >= 0) {
-            gs_atomic_add<GLOBAL, V>(dst + cx0 * ld + c, w0, go);
-            if (!NEAREST) {
-                gs_ld<V>(xs + cx0 * C + c, v);
-                for (int i = 0; i < V; ++i) { gix += v[i] * dx0 * go[i]; giy += v[i] * dy0 * go[i]; }
-            }
-        }
-        if (cx1 >= 0) {
-            gs_atomic_add<GLOBAL, V>(dst + cx1 * ld + c, w1, go);
-            if (!NEAREST) {
-                gs_ld<V>(xs + cx1 * C + c, v);
-                for (int i = 0; i < V; ++i) { gix += v[i] * dx1 * go[i]; giy += v[i] * dy1 * go[i]; }
-            }
-        }
-    }
-}
-
-// An entry's part of its point's gradient in grid, added to grid_grad (bilinear): the lanes'
-// terms summed (a butterfly: an entry's L lanes are L consecutive lanes of one warp, and every
-// lane of the warp calls this) times the point's slopes.
-template <int L, typename A>
-void gs_add_grid_part(A* grid_grad, int p, bool has, int lane, const A* slope, A gix, A giy) {
-    for (int d = L / 2; d > 0; d /= 2) {
-        gix += __shfl_xor_sync(0xffffffffu, gix, d);
-        giy += __shfl_xor_sync(0xffffffffu, giy, d);
-    }
-    if (has && lane == 0) {
-        atomicAdd(&grid_grad[2 * int64_t(p)], slope[0] * gix);
-        atomicAdd(&grid_grad[2 * int64_t(p) + 1], slope[1] * giy);
-    }
-}
-"""
-
-# Every kernel below takes its settings as template constants: T (x's dtype), A (compute dtype),
-# V (channels per access), L (lanes per point), NEAREST, PADDING, ALIGN. The grid has fewer than
-# 2**32 points (checked), so a point's index fits 32 bits where it is divided.
-_SAMPLE = """
-    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
-    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
-    const uint64_t n = uint64_t(grid_shape[0]) * per_image;
-    const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    const uint64_t p = tid / L;
-    const int lane = int(tid % L);
-    if (p >= n) return;
-    const unsigned b = unsigned(p) / per_image;
-    A unused;
-    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, unused);
-    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, unused);
-    const T* xb = x + int64_t(b) * H * W * C;  // image b
-    T* o = out + p * C;
-""" + "{binning}" + """    if (NEAREST) {
-        const int xn = int(rint(ix));
-        const int yn = int(rint(iy));
-        const bool in = xn >= 0 && xn < W && yn >= 0 && yn < H;
-        const T* src = xb + (int64_t(yn) * W + xn) * C;
-        for (int c = lane * V; c < C; c += L * V) {
-            A v[V];
-            if (in) {
-                gs_ld<V>(src + c, v);
-            } else {
-                for (int i = 0; i < V; ++i) v[i] = A(0);
-            }
-            gs_st<V>(o + c, v);
-        }
-        return;
-    }
-    const gs_bilinear<A> s(ix, iy);  // PyTorch's weights and order of terms
-    for (int c = lane * V; c < C; c += L * V) {
-        A v[V], t[V];
-        for (int i = 0; i < V; ++i) v[i] = A(0);
-        for (int k = 0; k < 4; ++k) {
-            if (!s.in(k, H, W)) continue;
-            gs_ld<V>(xb + (int64_t(s.py(k)) * W + s.px(k)) * C + c, t);
-            for (int i = 0; i < V; ++i) v[i] += t[i] * s.weight(k);
-        }
-        gs_st<V>(o + c, v);
-    }
-"""
-SAMPLE_SOURCE = _SAMPLE.replace("{binning}", "")
-# The forward that also bins (when a gradient will be wanted): the point's lanes take its entries,
-# so the binning's atomics overlap the forward's loads.
-SAMPLE_BIN_SOURCE = _SAMPLE.replace("{binning}", """    const int64_t bins = int64_t(grid_shape[0]) * H * ((W + tile_w[0] - 1) / tile_w[0]);
-    for (int k = lane; k < 4; k += L)
-        gs_bin_entry<NEAREST, PADDING, ALIGN>(grid, p, b, k, H, W, tile_w[0], capacity[0], bins, slopes,
-                                              count, entries);
-""")
+# The full op's kernels (their files open with what each does; grid_sample.cu, with the header,
+# says what they take as template constants).
+HEADER = _source("grid_sample.cu")
+SAMPLE_SOURCE = _source("grid_sample_sample.cu")
+SCATTER_SOURCE = _source("grid_sample_scatter.cu")
+SPILLED_SOURCE = _source("grid_sample_spilled.cu")
+POINTS_SOURCE = _source("grid_sample_points.cu")
+# The forward that also bins (_sample_bin) is grid_sample_sample.cu with GS_BINNING defined: a
+# macro, as its lines use the inputs and outputs that _sample lacks; defined after the header's
+# last line, so that the header's line numbers stay its file's.
+_BINNING_HEADER = HEADER + "#define GS_BINNING 1\n"
 
 # _bin: four threads per point, one per entry (see gs_bin_entry).
 BIN_SOURCE = """
@@ -587,142 +150,6 @@ BIN_SOURCE = """
                                           capacity[0], bins, slopes, count, entries);
 """
 
-# _spilled: the spill list's entries, after _scatter: their contributions added to _scatter's
-# x_grad and grid_grad with device atomics (threads striding over the list: usually empty, its
-# length known on the GPU only). kernelkit's kernels allocate their outputs, so this one adds
-# into two of its inputs (not const: _scatter's fresh outputs). A round gives each group of L
-# lanes an entry; a warp's lanes run the same rounds. (float16/bfloat16: these adds round to the
-# storage dtype each, as torch's CUDA backward does for every point; the tiles sum in float32.)
-SPILLED_SOURCE = """
-    T* xg = const_cast<T*>(x_grad);
-    A* gg = const_cast<A*>(grid_grad);
-    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
-    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
-    const int tw = tile_w[0], tiles = (W + tw - 1) / tw;
-    const int64_t bins = int64_t(grid_shape[0]) * H * tiles;
-    const int total = count[bins];
-    const gs_entry<A>* list = reinterpret_cast<const gs_entry<A>*>(entries) + bins * capacity[0];
-    const int tid = blockIdx.x * blockDim.x + threadIdx.x, lane = tid % L;
-    const int stride = gridDim.x * blockDim.x / L;
-    for (int i = tid / L; i - (threadIdx.x % 32) / L < total; i += stride) {  // (the warp's first group)
-        const bool has = i < total;
-        gs_entry<A> e = list[has ? i : 0];
-        if (!has) { e.ix = A(0); e.iy = A(0); e.p = 0; e.k = 0; }  // a harmless stand-in
-        int y_lo, t_lo, t_hi;
-        gs_entries<NEAREST>(e.ix, e.iy, H, W, tw, y_lo, t_lo, t_hi);
-        const int nt = t_hi - t_lo + 1;  // the point's tiles in a row
-        const int row = y_lo + e.k / nt, x_lo = (t_lo + e.k % nt) * tw;
-        const int64_t at = ((int64_t(unsigned(e.p) / per_image) * H + row) * W + x_lo) * C;
-        A slope[2] = {A(0), A(0)};
-        if (!NEAREST && has) gs_ld<2>(slopes + 2 * int64_t(e.p), slope);
-        A gix = A(0), giy = A(0);
-        gs_scatter_entry<NEAREST, true, V, L>(e, has, row, x_lo, min(W - x_lo, tw), C, lane,
-                                              cotangent + int64_t(e.p) * C, x + at, C, xg + at, C, gix, giy);
-        if (!NEAREST) gs_add_grid_part<L>(gg, e.p, has, lane, slope, gix, giy);
-    }
-"""
-
-# _scatter: one threadgroup per (tile, chunk of channels), its tile of x_grad in shared memory:
-# zeroed, the entries' contributions added (shared-memory atomics: entries of a tile collide),
-# then stored; each entry's part of its point's gradient in grid is added to grid_grad (device
-# atomics: a point has up to four entries; x_grad's sums depend on the order of the shared-memory
-# atomics anyway). A round of the entry loop gives each group of L lanes one entry; every lane
-# runs the same rounds (the bounds are the threadgroup's), so that a warp's lanes meet at the
-# shuffles. Entries past a tile's slots are _spilled's.
-# (Written for few registers: this kernel's speed follows how many threads fit on a
-# multiprocessor; at 32 registers a thread, all 2048 do.)
-SCATTER_SOURCE = """
-    extern __shared__ float4 gs_shared[];
-    A* tile = reinterpret_cast<A*>(gs_shared);  // element (column px, channel c) at px * nc + c
-    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
-    const int tw = tile_w[0], cq = chunk[0];
-    const unsigned tiles = (W + tw - 1) / tw, chunks = (C + cq - 1) / cq;
-    const unsigned bin = blockIdx.x / chunks;
-    const int q = blockIdx.x % chunks;
-    const int row = bin / tiles % H;
-    const int x_lo = bin % tiles * tw, ncol = min(W - x_lo, tw);
-    const int c_lo = q * cq, nc = min(C - c_lo, cq);  // a multiple of V
-    const int n = ncol * nc;
-    const unsigned b = bin / tiles / H;
-    const int nt = blockDim.x, tid = threadIdx.x, lane = tid % L, group = tid / L, groups = nt / L;
-    for (int i = tid * V; i < n; i += nt * V)
-        for (int k = 0; k < V; ++k) tile[i + k] = A(0);
-    __syncthreads();
-    const int64_t origin = ((int64_t(b) * H + row) * W + x_lo) * C + c_lo;  // the tile in x, x_grad
-    const int K = capacity[0];
-    const int total = min(count[bin], K);
-    const gs_entry<A>* slots = reinterpret_cast<const gs_entry<A>*>(entries) + int64_t(bin) * K;
-    // A round per `groups` entries; the first runs before the tile's count is known (even for an
-    // empty tile), so that its entry's load overlaps the count's (a slot past the count holds
-    // garbage, not used).
-    int j0 = 0;
-    do {
-        const int j = j0 + group;
-        const bool has = j < total;
-        gs_entry<A> e = slots[j < K ? j : 0];
-        if (!has) { e.ix = A(x_lo); e.iy = A(row); e.p = 0; e.k = 0; }  // a harmless stand-in
-        A slope[2] = {A(0), A(0)};
-        if (!NEAREST && has) gs_ld<2>(slopes + 2 * int64_t(e.p), slope);
-        A gix = A(0), giy = A(0);
-        gs_scatter_entry<NEAREST, false, V, L>(e, has, row, x_lo, ncol, nc, lane, cotangent + int64_t(e.p) * C + c_lo,
-                                               x + origin, C, tile, nc, gix, giy);
-        if (!NEAREST) gs_add_grid_part<L>(grid_grad, e.p, has, lane, slope, gix, giy);
-        j0 += groups;
-    } while (j0 < total);
-    __syncthreads();
-    T* dst = x_grad + origin;
-    if (nc == C) {  // the tile is contiguous in x_grad
-        for (int i = tid * V; i < n; i += nt * V) gs_st<V>(dst + i, tile + i);
-    } else {
-        for (int i = tid * V; i < n; i += nt * V) gs_st<V>(dst + i / nc * C + i % nc, tile + i);
-    }
-"""
-
-# _vjp_points, the CPU's backward: one thread per point adds its contributions to x_grad with
-# atomics (x_grad zero-filled, in A: float16/bfloat16 data converts it after) and sums its grid
-# gradient itself. No barriers: the CPU backend runs it as plain loops (the tile backward above
-# needs fibers there, and its threadgroups cost more than its atomics save on two cores).
-POINTS_SOURCE = """
-    const int H = x_shape[1], W = x_shape[2], C = x_shape[3];
-    const unsigned per_image = unsigned(grid_shape[1]) * unsigned(grid_shape[2]);
-    const uint64_t p = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (p >= uint64_t(grid_shape[0]) * per_image) return;
-    A gmx, gmy;
-    const A ix = gs_source_index<PADDING, ALIGN>(A(grid[2 * p]), W, gmx);
-    const A iy = gs_source_index<PADDING, ALIGN>(A(grid[2 * p + 1]), H, gmy);
-    const int64_t image = int64_t(unsigned(p) / per_image) * H * W * C;
-    const T* g = cotangent + p * C;
-    if (NEAREST) {  // grid's gradient is zero
-        const int xn = int(rint(ix)), yn = int(rint(iy));
-        if (xn >= 0 && xn < W && yn >= 0 && yn < H) {
-            A* dst = x_grad + image + (int64_t(yn) * W + xn) * C;
-            for (int c = 0; c < C; c += V) {
-                A go[V];
-                gs_ld<V>(g + c, go);
-                for (int i = 0; i < V; ++i) atomicAdd(&dst[c + i], go[i]);
-            }
-        }
-        grid_grad[2 * p] = T(0);
-        grid_grad[2 * p + 1] = T(0);
-        return;
-    }
-    const gs_bilinear<A> s(ix, iy);
-    A gix = A(0), giy = A(0);
-    for (int c = 0; c < C; c += V) {
-        A go[V], v[V];
-        gs_ld<V>(g + c, go);
-        for (int k = 0; k < 4; ++k) {
-            if (!s.in(k, H, W)) continue;
-            const int64_t at = image + (int64_t(s.py(k)) * W + s.px(k)) * C + c;
-            for (int i = 0; i < V; ++i) atomicAdd(&x_grad[at + i], s.weight(k) * go[i]);
-            gs_ld<V>(x + at, v);
-            for (int i = 0; i < V; ++i) { gix += v[i] * s.d_ix(k) * go[i]; giy += v[i] * s.d_iy(k) * go[i]; }
-        }
-    }
-    grid_grad[2 * p] = T(gmx * gix);
-    grid_grad[2 * p + 1] = T(gmy * giy);
-"""
-
 # "relaxed" math: FMA contraction as nvcc compiles PyTorch's kernels, and IEEE division.
 _OPTIONS = {"math_mode": "relaxed"}
 # Shared memory of a _scatter threadgroup: its tile of x_grad, in A. (12 KiB and 128 threads: 16
@@ -731,8 +158,8 @@ _TILE_BYTES = 12 * 1024
 _sample = cuda_kernel(name="grid_sample_nhwc", input_names=["x", "grid"], output_names=["out"],
                       source=SAMPLE_SOURCE, header=HEADER, compile_options=_OPTIONS)
 _sample_bin = cuda_kernel(name="grid_sample_nhwc_binning", input_names=["x", "grid", "tile_w", "capacity"],
-                          output_names=["out", "slopes", "count", "entries"], source=SAMPLE_BIN_SOURCE,
-                          header=HEADER, compile_options=_OPTIONS)
+                          output_names=["out", "slopes", "count", "entries"], source=SAMPLE_SOURCE,
+                          header=_BINNING_HEADER, compile_options=_OPTIONS)
 _bin = cuda_kernel(name="grid_sample_nhwc_bin", input_names=["grid", "height", "width", "tile_w", "capacity"],
                    output_names=["slopes", "count", "entries"], source=BIN_SOURCE, header=HEADER,
                    compile_options=_OPTIONS)
