@@ -805,6 +805,23 @@ def test_barriers(device):
     assert sg.cpu().tolist() == ref_sg
 
 
+def test_simdgroup_barrier_and_index_are_no_tensor_ops(nvrtc):
+    """simdgroup_barrier and simdgroup_index_in_threadgroup are plain MSL: a kernel naming them is
+    compiled for sm_90 as any other, not as a tensor-op kernel (sm_90a, their headers)."""
+    plain = kk.metal_kernel(name="sg_plain", input_names=["x"], output_names=["y"], source="""
+        simdgroup_barrier(mem_flags::mem_none);
+        y[thread_position_in_grid.x] = x[thread_position_in_grid.x] + simdgroup_index_in_threadgroup;
+    """)
+    matrix = kk.metal_kernel(name="sg_matrix", input_names=["x"], output_names=["y"], source="""
+        simdgroup_matrix<float, 8, 8> m = make_filled_simdgroup_matrix<float, 8, 8>(x[0]);
+        simdgroup_store(m, y, 8);
+    """)
+    x = torch.empty(64, device="meta")
+    args = dict(inputs=[x], output_dtypes=[torch.float32])
+    assert kk.compile_for(plain, "sm_90", **args).arch == "sm_90"
+    assert kk.compile_for(matrix, "sm_90", **args).arch == "sm_90a"
+
+
 # ---------------------------------------------------------------------------------------------
 # SIMD-group and quad-group functions: a Python model of Metal's semantics
 

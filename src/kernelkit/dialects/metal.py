@@ -37,8 +37,10 @@ _SYNC = re.compile(r"(?:simd_|quad_)\w+|(?:threadgroup|simdgroup)_barrier")
 # names them. Their ops are SIMD-group operations: the CPU runs such kernels as fibers.
 _TENSOR_OPS_INCLUDE = re.compile(
     r"#\s*include\s*<(?:metal_tensor|metal_simdgroup_matrix|MetalPerformancePrimitives/\w+\.h)>")
+# (simdgroup_barrier and the attribute simdgroup_index_in_threadgroup are not tensor ops)
 _TENSOR_OPS_NAMES = re.compile(r"matmul2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)|dextents|"
-                               r"tensor_(?:inline|handle|offset)|simdgroup_\w+|make_filled_simdgroup_matrix")
+                               r"tensor_(?:inline|handle|offset)|"
+                               r"simdgroup_(?!barrier\Z|index_in_threadgroup\Z)\w+|make_filled_simdgroup_matrix")
 
 
 def uses_sync(idents: set[str]) -> bool:
