@@ -440,17 +440,20 @@ def _custom_function_vjp(spec, tensors, outputs, grads):
     grads = [_autodiff._zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
     gradients = _autodiff.vjp_gradients(_find(call.fun), args, kwargs, leaves, call.n_primal,
                                         _OUT_SPECS[spec], outputs, grads)
-    # one per tensor (zeros for none), of its dtype; never an alias of an argument
+    # one per tensor (zeros for none), of its dtype and laid out as empty_like makes it (what the
+    # fake gave the compiled graph, which checks the strides); never an alias of an argument
     given = {id(a) for a in (*tensors, *outputs, *grads)}
     out = []
     for g, t in zip(gradients, tensors):
         if g is None:
-            g = torch.zeros_like(t)
-        elif g.dtype != t.dtype:
-            g = g.to(t.dtype)
-        elif id(g) in given:
-            g = g.clone()
-        out.append(g)
+            out.append(torch.zeros_like(t))
+            continue
+        if not (g.dtype == t.dtype and g.stride() == t.stride() and t.is_contiguous()):  # (usual)
+            like = torch.empty_like(t)
+            if g.dtype != t.dtype or g.stride() != like.stride():
+                out.append(like.copy_(g))
+                continue
+        out.append(g.clone() if id(g) in given else g)
     return out
 
 
