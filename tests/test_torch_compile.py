@@ -99,6 +99,27 @@ def test_ops_compile_and_train(device):
 
 
 
+def test_linalg_ops_compile_and_train(device):
+    """cholesky and qr: opaque ops whose backward (triangular solves) returns column-major
+    gradients, and whose not-positive-definite error is raised at run time."""
+    a = torch.randn(2, 6, 6, device=device, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 7, 5, device=device, dtype=torch.float64, requires_grad=True)
+
+    def step(a, b):
+        eye = torch.eye(6, device=a.device, dtype=a.dtype)
+        q, r = kk.ops.qr(b)
+        return kk.ops.cholesky(a @ a.mT + eye).sum() + (q * q.detach()).sum() + r.square().sum()
+
+    torch._dynamo.reset()
+    eager = torch.autograd.grad(step(a, b), (a, b))
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(a, b), (a, b))
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(e, c)
+    _no_breaks(step, a, b)
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 1"):
+        torch.compile(kk.ops.cholesky, fullgraph=True)(-torch.eye(3, device=device))
+
+
 def test_ops_compile_for_inference(device):
     """Under no_grad a custom_function is still the opaque op: its Python (grid_sample's alignment
     check reads data pointers) runs at run time on real tensors, never traced on fake ones."""
@@ -237,6 +258,25 @@ def test_a_vjp_runs_as_written_under_compile(device):
     torch._dynamo.reset()
     (g,) = torch.autograd.grad(torch.compile(lambda t: doubled(t).sum(), fullgraph=True)(x), x)
     torch.testing.assert_close(g, torch.full_like(x, 2.0))
+
+
+@kk.custom_function
+def scaled_matrix(x):
+    return 2 * x
+
+
+@scaled_matrix.vjp
+def scaled_matrix_vjp(x, cotangent, output):
+    return (2 * cotangent.mT.contiguous()).mT  # a gradient laid out column-major
+
+
+def test_a_vjp_may_return_any_layout_under_compile(device):
+    """The compiled graph checks each gradient's strides against the vjp op's fake (empty_like of
+    the input): a gradient in another layout is copied into that one."""
+    x = torch.randn(3, 5, 4, device=device, requires_grad=True)
+    torch._dynamo.reset()
+    (g,) = torch.autograd.grad(torch.compile(lambda t: (scaled_matrix(t) * t).sum(), fullgraph=True)(x), x)
+    torch.testing.assert_close(g, 4 * x.detach())
 
 
 @kk.custom_function

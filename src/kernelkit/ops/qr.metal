@@ -1,0 +1,75 @@
+// Householder QR, one threadgroup a matrix (linalg.py's qr): LAPACK's geqr2 then org2r, on
+// column-major copies so that a column is contiguous (lanes of a SIMD-group read consecutive
+// rows). W (n x m, row c = column c of A) becomes R above its diagonal and the reflectors' v
+// below it (v_j = 1 implied), tau their scalars; QT (q x m) becomes Q^T and RT (n x rr) R^T, Q
+// having q columns and R rr rows. The reflectors are LAPACK's dlarfg's (beta = -sign(alpha)
+// ||x||), so Q and R are the ones LAPACK and cuSOLVER give.
+const uint b = threadgroup_position_in_grid.x;
+const uint tid = thread_index_in_threadgroup, nt = threads_per_threadgroup.x;
+const uint lane = thread_index_in_simdgroup, sg = simdgroup_index_in_threadgroup;
+const uint groups = simdgroups_per_threadgroup;
+const uint m = A_shape[1], n = A_shape[2], k = metal::min(m, n);
+const device T* a = A + ulong(b) * m * n;
+device T* w = W + ulong(b) * m * n;
+device T* t = tau + ulong(b) * k;
+for (ulong e = tid; e < ulong(m) * n; e += nt) w[e] = a[(e % m) * n + e / m];
+threadgroup T shared_tau;
+threadgroup_barrier(mem_flags::mem_device);
+for (uint j = 0; j < k; ++j) {
+  device T* v = w + ulong(j) * m;
+  if (sg == 0) {  // the reflector of column j (linalg.metal), its sums over the lanes
+    const T alpha = v[j];
+    T amax = T(0);
+    for (uint i = j + 1 + lane; i < m; i += 32) amax = metal::max(amax, metal::abs(v[i]));
+    amax = simd_max(amax);
+    T squares = T(0);
+    if (amax > T(0))
+      for (uint i = j + 1 + lane; i < m; i += 32) squares += (v[i] / amax) * (v[i] / amax);
+    squares = simd_sum(squares);
+    T beta, scale;
+    const T h = kk_reflector(alpha, amax, squares, beta, scale);
+    simdgroup_barrier(mem_flags::mem_device);  // alpha read by every lane before lane 0 writes beta
+    for (uint i = j + 1 + lane; i < m; i += 32) v[i] *= scale;
+    if (lane == 0) {
+      v[j] = beta;
+      t[j] = h;
+      shared_tau = h;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_device);
+  const T h = shared_tau;
+  if (h != T(0)) {  // H = I - h v v^T on the columns right of j, a SIMD-group a column
+    for (uint c = j + 1 + sg; c < n; c += groups) {
+      device T* x = w + ulong(c) * m;
+      T d = T(0);
+      for (uint i = j + lane; i < m; i += 32) d += (i == j ? x[i] : v[i] * x[i]);
+      d = simd_sum(d) * h;
+      for (uint i = j + lane; i < m; i += 32) x[i] -= (i == j ? d : v[i] * d);
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_device);
+}
+device T* r = RT + ulong(b) * n * rr;  // R^T: row c holds R's column c
+for (ulong e = tid; e < ulong(n) * rr; e += nt) {
+  const uint c = uint(e / rr), i = uint(e % rr);
+  r[e] = i <= c ? w[ulong(c) * m + i] : T(0);
+}
+if (WANT_Q) {  // Q = H_0 ... H_{k-1} I, the reflectors applied last first (org2r)
+  device T* qt = QT + ulong(b) * q * m;
+  for (ulong e = tid; e < ulong(q) * m; e += nt) qt[e] = e / m == e % m ? T(1) : T(0);
+  threadgroup_barrier(mem_flags::mem_device);
+  for (uint j = k; j-- > 0;) {
+    const device T* v = w + ulong(j) * m;
+    const T h = t[j];
+    if (h != T(0)) {
+      for (uint c = j + sg; c < q; c += groups) {
+        device T* x = qt + ulong(c) * m;
+        T d = T(0);
+        for (uint i = j + lane; i < m; i += 32) d += (i == j ? x[i] : v[i] * x[i]);
+        d = simd_sum(d) * h;
+        for (uint i = j + lane; i < m; i += 32) x[i] -= (i == j ? d : v[i] * d);
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_device);
+  }
+}
