@@ -1,27 +1,33 @@
 // Cholesky, one thread a matrix, no synchronisation (linalg.py's choice on the CPU for small
-// matrices, where cholesky.metal's barriers cost more than its arithmetic): A's lower triangle
-// (UPPER: its upper one) copied into L, then factored column by column in place; info as LAPACK's.
+// matrices, where cholesky.metal's barriers cost more than its arithmetic): row by row, each
+// entry of L a dot product of two rows made before it (contiguous), A read from its lower
+// triangle (UPPER: its upper one, and L transposed in place at the end). info as LAPACK's: after
+// a failed pivot, the rows below get only the columns before it (the rest A's entries).
 const uint b = thread_position_in_grid.x;
 const uint n = A_shape[1];
 const device T* a = A + ulong(b) * n * n;
 device T* l = L + ulong(b) * n * n;
-for (uint i = 0; i < n; ++i)
+uint failed = 0;
+for (uint i = 0; i < n; ++i) {
+  device T* row = l + ulong(i) * n;
+  const uint made = failed == 0 ? i + 1 : failed - 1;  // the row's entries to compute
   for (uint j = 0; j < n; ++j) {
-    const ulong at = kk_at<UPPER>(i, j, n);
-    l[at] = j <= i ? a[at] : T(0);
-  }
-for (uint j = 0; j < n; ++j) {
-  const T d = l[kk_at<UPPER>(j, j, n)];
-  if (!(d > T(0))) {
-    info[b] = int(j + 1);
-    return;
-  }
-  const T r = metal::sqrt(d), inverse = T(1) / r;
-  l[kk_at<UPPER>(j, j, n)] = r;
-  for (uint i = j + 1; i < n; ++i) l[kk_at<UPPER>(i, j, n)] *= inverse;
-  for (uint c = j + 1; c < n; ++c) {  // the trailing lower triangle, column c
-    const T lcj = l[kk_at<UPPER>(c, j, n)];
-    for (uint i = c; i < n; ++i) l[kk_at<UPPER>(i, c, n)] -= l[kk_at<UPPER>(i, j, n)] * lcj;
+    T s = j <= i ? a[kk_at<UPPER>(i, j, n)] : T(0);
+    if (j < made) {
+      const device T* above = l + ulong(j) * n;
+      for (uint c = 0; c < j; ++c) s -= row[c] * above[c];
+      if (j < i) s /= above[j];
+      else if (s > T(0)) s = metal::sqrt(s);
+      else failed = i + 1;  // not positive, or NaN: the reduced pivot stays
+    }
+    row[j] = s;
   }
 }
-info[b] = 0;
+if (UPPER)
+  for (uint i = 0; i < n; ++i)
+    for (uint j = 0; j < i; ++j) {
+      const T t = l[ulong(i) * n + j];
+      l[ulong(i) * n + j] = l[ulong(j) * n + i];
+      l[ulong(j) * n + i] = t;
+    }
+info[b] = int(failed);
