@@ -26,10 +26,12 @@ def _close(actual, expected, dtype):
 @pytest.fixture(params=["serial", "one_group", "blocked"])
 def path(request, monkeypatch):
     """Each test on every path: a thread a matrix (the CPU's for small matrices), a threadgroup a
-    matrix, and (the Cholesky's) the blocked steps."""
+    matrix, and the blocked steps (32-column panels)."""
     serial = {"cpu": 1 << 30, "cuda": 1 << 30} if request.param == "serial" else {}
     monkeypatch.setattr(linalg, "SERIAL_MAX_N", {"cholesky": serial, "qr": serial})
-    monkeypatch.setattr(linalg, "BLOCKED_MIN_N", 1 if request.param == "blocked" else 1 << 30)
+    blocked = 1 if request.param == "blocked" else 1 << 30
+    monkeypatch.setattr(linalg, "BLOCKED_MIN_N", blocked)
+    monkeypatch.setattr(linalg, "QR_BLOCKED_MIN_N", {"cpu": blocked, "cuda": blocked})
     return request.param
 
 
@@ -86,7 +88,8 @@ def test_cholesky_gradcheck():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
-@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (3, 5), (4, 4), (2, 70, 33), (33, 70), (2, 1, 40, 40)])
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (3, 5), (4, 4), (2, 70, 33), (33, 70), (2, 1, 40, 40),
+                                   (100, 70)])
 def test_qr_matches_lapack(device, path, dtype, mode, shape):
     """LAPACK's reflectors, so LAPACK's Q and R (signs included), and Q R = A, Q^T Q = I."""
     g = torch.Generator().manual_seed(1)
@@ -119,7 +122,7 @@ def test_qr_special_columns(device, path):
 
 
 @pytest.mark.parametrize("shape, mode", [((7, 4), "reduced"), ((5, 5), "reduced"), ((4, 7), "reduced"),
-                                         ((4, 7), "complete"), ((2, 6, 6), "complete")])
+                                         ((4, 7), "complete"), ((2, 6, 6), "complete"), ((40, 36), "reduced")])
 def test_qr_gradients(device, path, shape, mode):
     a = torch.randn(shape, dtype=torch.float64, device=device, requires_grad=True)
     Q, R = kk.ops.qr(a, mode=mode)

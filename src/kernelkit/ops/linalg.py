@@ -8,7 +8,10 @@
   (`cholesky_panel.metal`, `cholesky_update.metal`), each spread over many threadgroups: the
   panel's rows, then the trailing triangle's tiles. Their shared parts: `cholesky_blocks.metal`.
 - QR (`qr.metal`): Householder reflectors as LAPACK's geqr2 / org2r make them, one threadgroup a
-  matrix, a SIMD-group a column.
+  matrix, a SIMD-group a column. Large matrices go in panels of NB columns (LAPACK's geqrf /
+  orgqr): `qr_panel.metal` factors a panel and makes its block reflector I - V T V^T, which GEMMs
+  (torch.matmul: cuBLAS, MKL) apply to the columns right of it and, last panel first, to Q.
+  Their shared steps: `qr_blocks.metal`.
 - On the CPU a thread takes a matrix (`cholesky_serial.metal` for small ones, `qr_serial.metal`:
   the same arithmetic with no synchronisation, which the CPU runs as plain loops). Code shared by
   all of them: `linalg.metal`.
@@ -51,8 +54,10 @@ _cholesky_serial = _kernel("cholesky_serial", ["A"], ["L", "info"])
 _cholesky_panel = _kernel("cholesky_panel", ["L", "info", "step"], ["S"], _BLOCKS, ensure_row_contiguous=False)
 _cholesky_update = _kernel("cholesky_update", ["L", "info", "S", "step"], [], _BLOCKS,
                            ensure_row_contiguous=False)
-_qr = _kernel("qr", ["A", "q", "rr"], ["W", "QT", "RT", "tau"])
+_QR_BLOCKS = ("linalg", "qr_blocks")
+_qr = _kernel("qr", ["A", "q", "rr"], ["W", "QT", "RT", "tau"], _QR_BLOCKS)
 _qr_serial = _kernel("qr_serial", ["A", "q", "rr"], ["W", "QT", "RT", "tau"])
+_qr_panel = _kernel("qr_panel", ["W", "first"], ["VT", "tfactor"], _QR_BLOCKS, ensure_row_contiguous=False)
 
 # Which kernel takes a batch (settings of the module: the tests move them). On the CPU a thread
 # takes a matrix, for every QR and for Cholesky factors up to n = 128 (the one-threadgroup
@@ -62,6 +67,11 @@ _qr_serial = _kernel("qr_serial", ["A", "q", "rr"], ["W", "QT", "RT", "tau"])
 # the rest a threadgroup a matrix.
 SERIAL_MAX_N = {"cholesky": {"cpu": 128}, "qr": {"cpu": 1 << 62}}
 BLOCKED_MIN_N = 256
+# QR of matrices whose smaller side reaches QR_BLOCKED_MIN_N (by device type) takes the blocked
+# steps: a panel kernel, then the panel's block reflector applied by GEMMs (torch.matmul). (On
+# the CPU the panel kernel's SIMD-group sums cost fiber switches: a thread a matrix is faster up
+# to ~400 x 400 on 2 cores.)
+QR_BLOCKED_MIN_N = {"cpu": 512, "cuda": 128}
 
 
 def _serial(op: str, n: int, device: torch.device) -> bool:
@@ -185,16 +195,47 @@ def _qr_fn(A, mode="reduced"):
     q, rr = {"reduced": (k, k), "complete": (m, m), "r": (0, k)}[mode]
     b = math.prod(batch)
     a = A.reshape(b, m, n).contiguous()
-    call = dict(inputs=[a, q, rr], template=[("T", A.dtype), ("WANT_Q", mode != "r")],
-                output_shapes=[(b, n, m), (b, q, m), (b, n, rr), (b, k)], output_dtypes=[A.dtype] * 4)
-    if _serial("qr", max(m, n), A.device):
-        _, qt, rt, _ = _one_thread_each(_qr_serial, b, **call)
+    if k >= QR_BLOCKED_MIN_N.get(A.device.type, 0):
+        qt, rt = _qr_blocked(a, q, rr)
     else:
-        nt = _threads(max(m, n), A.device)
-        _, qt, rt, _ = _qr(grid=(nt * b, 1, 1), threadgroup=(nt, 1, 1), **call)
+        call = dict(inputs=[a, q, rr], template=[("T", A.dtype), ("WANT_Q", mode != "r")],
+                    output_shapes=[(b, n, m), (b, q, m), (b, n, rr), (b, k)], output_dtypes=[A.dtype] * 4)
+        if _serial("qr", max(m, n), A.device):
+            _, qt, rt, _ = _one_thread_each(_qr_serial, b, **call)
+        else:
+            nt = _threads(max(m, n), A.device)
+            _, qt, rt, _ = _qr(grid=(nt * b, 1, 1), threadgroup=(nt, 1, 1), **call)
     R = rt.view(*batch, n, rr).mT
     Q = A.new_empty(0) if mode == "r" else qt.view(*batch, q, m).mT
     return Q, R
+
+
+def _qr_blocked(a: torch.Tensor, q: int, rr: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q^T, R^T) of a contiguous (b, m, n) tensor (Q^T with q rows, none where q is 0) in panels
+    of NB columns: W = A^T, each panel factored by _qr_panel into its block reflector
+    I - V T V^T, which GEMMs apply to the columns right of it (rows of W: W -= W V T V^T); Q
+    accumulated from the identity the same way, the last panel first."""
+    b, m, n = a.shape
+    k = min(m, n)
+    w = a.mT.contiguous()
+    nt = 256 if a.device.type == "cuda" else 64
+    panels = []
+    for k0 in range(0, k, NB):
+        vt, t = _qr_panel(inputs=[w, k0], template=[("T", a.dtype), ("NB", NB)],
+                          output_shapes=[(b, NB, m), (b, NB, NB)], output_dtypes=[a.dtype] * 2,
+                          grid=(nt * b, 1, 1), threadgroup=(nt, 1, 1))
+        v = vt[..., k0:]  # (V's rows above k0 are zero)
+        panels.append((k0, v, t))
+        rest = w[:, min(k0 + NB, k):, k0:]
+        if rest.shape[1]:
+            rest.baddbmm_(rest @ v.mT @ t, v, alpha=-1)
+    qt = a.new_empty(b, 0, m)
+    if q:
+        qt = torch.eye(q, m, dtype=a.dtype, device=a.device).expand(b, q, m).contiguous()
+        for k0, v, t in reversed(panels):
+            z = qt[:, k0:, k0:]
+            z.baddbmm_(z @ v.mT @ t.mT, v, alpha=-1)
+    return qt, w[..., :rr].tril()
 
 
 def _qr_tall_grad(Q, R, gQ, gR):

@@ -17,36 +17,17 @@ threadgroup T shared_tau;
 threadgroup_barrier(mem_flags::mem_device);
 for (uint j = 0; j < k; ++j) {
   device T* v = w + ulong(j) * m;
-  if (sg == 0) {  // the reflector of column j (linalg.metal), its sums over the lanes
-    const T alpha = v[j];
-    T amax = T(0);
-    for (uint i = j + 1 + lane; i < m; i += 32) amax = metal::max(amax, metal::abs(v[i]));
-    amax = simd_max(amax);
-    T squares = T(0);
-    if (amax > T(0))
-      for (uint i = j + 1 + lane; i < m; i += 32) squares += (v[i] / amax) * (v[i] / amax);
-    squares = simd_sum(squares);
-    T beta, scale;
-    const T h = kk_reflector(alpha, amax, squares, beta, scale);
-    simdgroup_barrier(mem_flags::mem_device);  // alpha read by every lane before lane 0 writes beta
-    for (uint i = j + 1 + lane; i < m; i += 32) v[i] *= scale;
+  if (sg == 0) {
+    const T h = kk_householder_lanes(v, j, m, lane);
     if (lane == 0) {
-      v[j] = beta;
       t[j] = h;
       shared_tau = h;
     }
   }
   threadgroup_barrier(mem_flags::mem_device);
   const T h = shared_tau;
-  if (h != T(0)) {  // H = I - h v v^T on the columns right of j, a SIMD-group a column
-    for (uint c = j + 1 + sg; c < n; c += groups) {
-      device T* x = w + ulong(c) * m;
-      T d = T(0);
-      for (uint i = j + lane; i < m; i += 32) d += (i == j ? x[i] : v[i] * x[i]);
-      d = simd_sum(d) * h;
-      for (uint i = j + lane; i < m; i += 32) x[i] -= (i == j ? d : v[i] * d);
-    }
-  }
+  if (h != T(0))  // H = I - h v v^T on the columns right of j, a SIMD-group a column
+    for (uint c = j + 1 + sg; c < n; c += groups) kk_reflect_lanes(v, h, w + ulong(c) * m, j, m, lane);
   threadgroup_barrier(mem_flags::mem_device);
 }
 device T* r = RT + ulong(b) * n * rr;  // R^T: row c holds R's column c
@@ -59,17 +40,9 @@ if (WANT_Q) {  // Q = H_0 ... H_{k-1} I, the reflectors applied last first (org2
   for (ulong e = tid; e < ulong(q) * m; e += nt) qt[e] = e / m == e % m ? T(1) : T(0);
   threadgroup_barrier(mem_flags::mem_device);
   for (uint j = k; j-- > 0;) {
-    const device T* v = w + ulong(j) * m;
     const T h = t[j];
-    if (h != T(0)) {
-      for (uint c = j + sg; c < q; c += groups) {
-        device T* x = qt + ulong(c) * m;
-        T d = T(0);
-        for (uint i = j + lane; i < m; i += 32) d += (i == j ? x[i] : v[i] * x[i]);
-        d = simd_sum(d) * h;
-        for (uint i = j + lane; i < m; i += 32) x[i] -= (i == j ? d : v[i] * d);
-      }
-    }
+    if (h != T(0))
+      for (uint c = j + sg; c < q; c += groups) kk_reflect_lanes(w + ulong(j) * m, h, qt + ulong(c) * m, j, m, lane);
     threadgroup_barrier(mem_flags::mem_device);
   }
 }
