@@ -171,3 +171,28 @@ def test_references():
     assert kk.ops.cholesky_reference(a).dtype == torch.float64
     Q, R = kk.ops.qr_reference(a, mode="complete")
     _close(Q @ R, a, torch.float32)
+
+
+def test_forward_mode_and_vmap(device):
+    """torch.func.jvp and vmap as torch.linalg's (the jvp rules recompute the factorization, as
+    MLX's jvp rules get no outputs)."""
+    from torch.func import jvp, vmap
+    a = _spd((2,), 6, device)
+    da = torch.randn(2, 6, 6, dtype=torch.float64, device=device)
+    da = da + da.mT
+    for upper in (False, True):
+        ours = jvp(lambda x: kk.ops.cholesky(x, upper=upper), (a,), (da,))[1]
+        _close(ours, jvp(lambda x: torch.linalg.cholesky(x, upper=upper), (a,), (da,))[1], torch.float64)
+    for shape, mode in [((7, 4), "reduced"), ((4, 7), "complete"), ((2, 5, 5), "reduced")]:
+        b, db = (torch.randn(shape, dtype=torch.float64, device=device) for _ in range(2))
+        ours = jvp(lambda x: kk.ops.qr(x, mode=mode), (b,), (db,))[1]
+        ref = jvp(lambda x: torch.linalg.qr(x, mode=mode), (b,), (db,))[1]
+        for o, r in zip(ours, ref):
+            _close(o, r, torch.float64)
+    with pytest.raises(RuntimeError, match="not computed when mode='r'"):
+        jvp(lambda x: kk.ops.qr(x, mode="r"), (b,), (db,))
+    spd = _spd((4, 3), 5, device)
+    _close(vmap(kk.ops.cholesky, in_dims=1)(spd), vmap(torch.linalg.cholesky, in_dims=1)(spd), torch.float64)
+    w = torch.randn(4, 3, 6, 5, dtype=torch.float64, device=device)
+    for o, r in zip(vmap(kk.ops.qr, in_dims=1)(w), vmap(torch.linalg.qr, in_dims=1)(w)):
+        _close(o, r, torch.float64)

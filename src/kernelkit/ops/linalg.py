@@ -155,6 +155,25 @@ def _cholesky_vjp(A, cotangents, outputs, upper=False, raise_as=None):
     return (g + g.mT) * 0.5
 
 
+@_cholesky_fn.jvp
+def _cholesky_jvp(A, dA, upper=False, raise_as=None):
+    # dL = L Phi(L^-1 dA L^-T), dA the symmetric matrix of the triangle that is read
+    L = _cholesky_fn(A, upper=upper, raise_as=raise_as)[0]
+    if upper:
+        L, dA = L.mT, dA.mT
+    dA = dA.tril() + dA.tril(-1).mT
+    phi = torch.linalg.solve_triangular(L, dA, upper=False)
+    phi = torch.linalg.solve_triangular(L.mT, phi, upper=True, left=False).tril()
+    phi.diagonal(dim1=-2, dim2=-1).mul_(0.5)
+    dL = L @ phi
+    return (dL.mT if upper else dL), None
+
+
+@_cholesky_fn.vmap
+def _cholesky_vmap(A, axis, upper=False, raise_as=None):
+    return _cholesky_fn(A.movedim(axis, 0), upper=upper, raise_as=raise_as), 0
+
+
 def cholesky_ex(A: torch.Tensor, *, upper: bool = False,
                 check_errors: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(L, info) as torch.linalg.cholesky_ex: A = L L^T for A (..., n, n) symmetric positive-definite
@@ -246,21 +265,51 @@ def _qr_tall_grad(Q, R, gQ, gR):
     return torch.linalg.solve_triangular(R.mT, gQ + Q @ sym, upper=False, left=False)
 
 
-@_qr_fn.vjp
-def _qr_vjp(A, cotangents, outputs, mode="reduced"):
-    m, n = A.shape[-2:]
+def _differentiable(mode: str, m: int, n: int) -> None:
     if mode == "r":
         raise RuntimeError("qr: the derivative depends on Q, which is not computed when mode='r'; "
                            "use mode='reduced' to differentiate through qr.")
     if mode == "complete" and m > n:
         raise RuntimeError("qr: the QR decomposition is not differentiable when mode='complete' "
                            "and nrows > ncols.")
+
+
+@_qr_fn.vjp
+def _qr_vjp(A, cotangents, outputs, mode="reduced"):
+    m, n = A.shape[-2:]
+    _differentiable(mode, m, n)
     (Q, R), (gQ, gR) = outputs, cotangents
     if m >= n:
         return _qr_tall_grad(Q, R, gQ, gR)
     # A = [X | Y] with X = Q U square: Y = Q V moves Q too
     Y, gU, gV = A[..., m:], gR[..., :m], gR[..., m:]
     return torch.cat([_qr_tall_grad(Q, R[..., :m], gQ + Y @ gV.mT, gU), Q @ gV], dim=-1)
+
+
+def _qr_tall_jvp(Q, R, dA):
+    """(dQ, dR) of A = Q R (m >= n, R square): with X = dA R^-1 and C = Q^T X, dR = (C - W) R and
+    dQ = X - Q (C - W), W = Q^T dQ the skew-symmetric matrix of C's strict lower triangle."""
+    X = torch.linalg.solve_triangular(R, dA, upper=True, left=False)
+    C = Q.mT @ X
+    lower = C.tril(-1)
+    upper = C - lower + lower.mT  # C - W
+    return X - Q @ upper, upper @ R
+
+
+@_qr_fn.jvp
+def _qr_jvp(A, dA, mode="reduced"):
+    m, n = A.shape[-2:]
+    _differentiable(mode, m, n)
+    Q, R = _qr_fn(A, mode=mode)
+    if m >= n:
+        return _qr_tall_jvp(Q, R, dA)
+    dQ, dU = _qr_tall_jvp(Q, R[..., :m], dA[..., :m])  # A = [X | Y], Y = Q V
+    return dQ, torch.cat([dU, Q.mT @ (dA[..., m:] - dQ @ R[..., m:])], dim=-1)
+
+
+@_qr_fn.vmap
+def _qr_vmap(A, axis, mode="reduced"):
+    return _qr_fn(A.movedim(axis, 0), mode=mode), (None if mode == "r" else 0, 0)
 
 
 def qr(A: torch.Tensor, mode: str = "reduced") -> tuple[torch.Tensor, torch.Tensor]:
