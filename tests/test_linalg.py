@@ -49,24 +49,27 @@ def test_cholesky_matches_torch(device, path, dtype, upper, batch, n):
     _close(out, torch.linalg.cholesky(a.double(), upper=upper), dtype)
 
 
-def test_cholesky_ex_info_as_lapack(device, path):
-    a = _spd((4,), 70, device)
+@pytest.mark.parametrize("n", [70, 200])
+def test_cholesky_ex_info_as_lapack(device, path, n):
+    """(n = 200: the blocked steps' panel rows over several threadgroups.)"""
+    a = _spd((4,), n, device)
+    spd = a[2].clone()
     a[1] = -a[1]               # the first minor
     a[2, 40, 40] = -1e3        # the 41st, in the second block
-    a[3, 69, 69] = float("nan")  # the last
+    a[3, n - 1, n - 1] = float("nan")  # the last
     L, info = kk.ops.cholesky_ex(a)
     assert info.dtype == torch.int32 and info.device == a.device
-    assert info.tolist() == torch.linalg.cholesky_ex(a.cpu()).info.tolist() == [0, 1, 41, 70]
+    assert info.tolist() == torch.linalg.cholesky_ex(a.cpu()).info.tolist() == [0, 1, 41, n]
     _close(L[0], torch.linalg.cholesky(a[0].double()), torch.float64)
-    # the columns before the failing one are factored
-    _close(L[2, :, :40], torch.linalg.cholesky_ex(a[2].double().cpu()).L[:, :40], torch.float64)
+    # the columns before the failing one are factored (they depend on A's columns up to theirs)
+    _close(L[2, :, :40], torch.linalg.cholesky(spd)[:, :40], torch.float64)
     with pytest.raises(torch.linalg.LinAlgError, match=r"cholesky: \(Batch element 1\): The factorization "
                        r"could not be completed because the input is not positive-definite \(the "
                        r"leading minor of order 1 is not positive-definite\)"):
         kk.ops.cholesky(a)
     with pytest.raises(torch.linalg.LinAlgError, match="cholesky_ex: .*order 41"):
         kk.ops.cholesky_ex(a[2:], check_errors=True)
-    with pytest.raises(torch.linalg.LinAlgError, match=r"cholesky: The factorization .* order 70"):
+    with pytest.raises(torch.linalg.LinAlgError, match=rf"cholesky: The factorization .* order {n}"):
         kk.ops.cholesky(a[3])
 
 

@@ -48,13 +48,14 @@ inline uint kk_chol_diagonal(const device T* l, uint n, uint b0, uint nb, thread
   return *flag;
 }
 
-// D's lower triangle written to `out` at (b0, b0) (a matrix of n columns).
+// D's lower triangle, its first `cols` columns (all nb rows), written to `out` at (b0, b0) (a
+// matrix of n columns).
 template <typename T, uint NB, bool UPPER>
-inline void kk_chol_store_diagonal(device T* out, uint n, uint b0, uint nb, const threadgroup T* D,
-                                   uint tid, uint nt) {
+inline void kk_chol_store_diagonal(device T* out, uint n, uint b0, uint nb, uint cols,
+                                   const threadgroup T* D, uint tid, uint nt) {
   for (uint e = tid; e < nb * nb; e += nt) {
     const uint i = e / nb, j = e % nb;
-    if (j <= i) out[kk_at<UPPER>(b0 + i, b0 + j, n)] = D[i * (NB + 1) + j];
+    if (j <= i && j < cols) out[kk_at<UPPER>(b0 + i, b0 + j, n)] = D[i * (NB + 1) + j];
   }
 }
 

@@ -12,9 +12,9 @@ device T* l = const_cast<device T*>(L) + ulong(b) * n * n;
 if (g == 0) {  // the block's factored columns: all, or those before the failed one
   const uint done = failed != 0 ? failed - 1 - b0 : nb;
   const device T* s = S + ulong(b) * NB * NB;
-  for (uint e = tid; e < done * done; e += nt) {
-    const uint i = e / done, j = e % done;
-    if (j <= i) l[kk_at<UPPER>(b0 + i, b0 + j, n)] = s[i * NB + j];
+  for (uint e = tid; e < nb * nb; e += nt) {
+    const uint i = e / nb, j = e % nb;
+    if (j <= i && j < done) l[kk_at<UPPER>(b0 + i, b0 + j, n)] = s[i * NB + j];
   }
 }
 if (failed != 0) return;
