@@ -9,11 +9,11 @@ const uint tid = thread_index_in_threadgroup, nt = threads_per_threadgroup.x;
 const uint n = A_shape[1];
 const device T* a = A + ulong(b) * n * n;
 device T* l = L + ulong(b) * n * n;
-for (ulong e = tid; e < ulong(n) * n; e += nt) {
-  const uint i = uint(e / n), j = uint(e % n);
-  const ulong at = kk_at<UPPER>(i, j, n);
-  l[at] = j <= i ? a[at] : T(0);
-}
+for (uint i = 0; i < n; ++i)  // (threads along rows of the storage: coalesced)
+  for (uint j = tid; j < n; j += nt) {
+    const ulong at = ulong(i) * n + j;
+    l[at] = (UPPER ? j >= i : j <= i) ? a[at] : T(0);
+  }
 threadgroup T D[NB * (NB + 1)];
 threadgroup T P[2 * TILE * (NB + 1)];
 threadgroup uint flag;

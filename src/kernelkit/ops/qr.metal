@@ -12,7 +12,8 @@ const uint m = A_shape[1], n = A_shape[2], k = metal::min(m, n);
 const device T* a = A + ulong(b) * m * n;
 device T* w = W + ulong(b) * m * n;
 device T* t = tau + ulong(b) * k;
-for (ulong e = tid; e < ulong(m) * n; e += nt) w[e] = a[(e % m) * n + e / m];
+for (uint i = 0; i < m; ++i)  // (threads along A's rows: coalesced reads)
+  for (uint c = tid; c < n; c += nt) w[ulong(c) * m + i] = a[ulong(i) * n + c];
 threadgroup T shared_tau;
 threadgroup_barrier(mem_flags::mem_device);
 for (uint j = 0; j < k; ++j) {
@@ -31,13 +32,12 @@ for (uint j = 0; j < k; ++j) {
   threadgroup_barrier(mem_flags::mem_device);
 }
 device T* r = RT + ulong(b) * n * rr;  // R^T: row c holds R's column c
-for (ulong e = tid; e < ulong(n) * rr; e += nt) {
-  const uint c = uint(e / rr), i = uint(e % rr);
-  r[e] = i <= c ? w[ulong(c) * m + i] : T(0);
-}
+for (uint c = 0; c < n; ++c)
+  for (uint i = tid; i < rr; i += nt) r[ulong(c) * rr + i] = i <= c ? w[ulong(c) * m + i] : T(0);
 if (WANT_Q) {  // Q = H_0 ... H_{k-1} I, the reflectors applied last first (org2r)
   device T* qt = QT + ulong(b) * q * m;
-  for (ulong e = tid; e < ulong(q) * m; e += nt) qt[e] = e / m == e % m ? T(1) : T(0);
+  for (uint c = 0; c < q; ++c)
+    for (uint i = tid; i < m; i += nt) qt[ulong(c) * m + i] = i == c ? T(1) : T(0);
   threadgroup_barrier(mem_flags::mem_device);
   for (uint j = k; j-- > 0;) {
     const T h = t[j];

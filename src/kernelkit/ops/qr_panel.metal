@@ -26,9 +26,10 @@ for (uint j = k0; j < k1; ++j) {
     for (uint c = j + 1 + sg; c < k1; c += groups) kk_reflect_lanes(v, h, w + ulong(c) * m, j, m, lane);
   threadgroup_barrier(mem_flags::mem_device);
 }
-for (ulong e = tid; e < ulong(NB) * m; e += nt) {
-  const uint i = uint(e / m), r = uint(e % m), row = k0 + i;
-  vt[e] = i >= nb || r < row ? T(0) : r == row ? T(1) : w[ulong(row) * m + r];
+for (uint i = 0; i < NB; ++i) {
+  const uint row = k0 + i;
+  for (uint r = tid; r < m; r += nt)
+    vt[ulong(i) * m + r] = i >= nb || r < row ? T(0) : r == row ? T(1) : w[ulong(row) * m + r];
 }
 threadgroup_barrier(mem_flags::mem_device);
 for (uint p = sg; p < NB * NB; p += groups) {  // S[i][j] = v_i . v_j, i < j (both zero above row k0 + j)
