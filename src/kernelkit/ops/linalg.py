@@ -60,11 +60,11 @@ _qr_serial = _kernel("qr_serial", ["A", "q", "rr"], ["W", "QT", "RT", "tau"])
 _qr_panel = _kernel("qr_panel", ["W", "first"], ["VT", "tfactor"], _QR_BLOCKS, ensure_row_contiguous=False)
 
 # Which kernel takes a batch (settings of the module: the tests move them). On the CPU a thread
-# takes a matrix, for every QR and for Cholesky factors up to n = 128 (the one-threadgroup
-# kernels' barriers and SIMD-group sums switch the CPU's fibers more often than they compute;
-# larger Cholesky factors gain more from the tiles): SERIAL_MAX_N by op and device type. Large
-# matrices in small batches take the blocked Cholesky's steps (the whole device on each step);
-# the rest a threadgroup a matrix.
+# takes a matrix, for QR below QR_BLOCKED_MIN_N and for Cholesky factors up to n = 128 (the
+# one-threadgroup kernels' barriers and SIMD-group sums switch the CPU's fibers more often than
+# they compute; larger Cholesky factors gain more from the tiles): SERIAL_MAX_N by op and device
+# type. Large matrices in small batches take the blocked Cholesky's steps (the whole device on
+# each step); the rest a threadgroup a matrix.
 SERIAL_MAX_N = {"cholesky": {"cpu": 128}, "qr": {"cpu": 1 << 62}}
 BLOCKED_MIN_N = 256
 # QR of matrices whose smaller side reaches QR_BLOCKED_MIN_N (by device type) takes the blocked
@@ -111,7 +111,7 @@ def _factor(a: torch.Tensor, upper: bool) -> tuple[torch.Tensor, torch.Tensor]:
                          threadgroup=(nt, 1, 1))
     l = (a.triu() if upper else a.tril()).contiguous()
     info = torch.zeros(batch, dtype=torch.int32, device=a.device)
-    nt = 256 if a.device.type == "cuda" else 64
+    nt = _threads(n, a.device)
     for b0 in range(0, n, NB):
         rows = n - min(b0 + NB, n)
         s = _cholesky_panel(inputs=[l, info, b0], template=template, output_shapes=[(batch, NB, NB)],
@@ -237,7 +237,7 @@ def _qr_blocked(a: torch.Tensor, q: int, rr: int) -> tuple[torch.Tensor, torch.T
     b, m, n = a.shape
     k = min(m, n)
     w = a.mT.contiguous()
-    nt = 256 if a.device.type == "cuda" else 64
+    nt = _threads(m, a.device)
     panels = []
     for k0 in range(0, k, NB):
         vt, t = _qr_panel(inputs=[w, k0], template=[("T", a.dtype), ("NB", NB)],
@@ -248,12 +248,10 @@ def _qr_blocked(a: torch.Tensor, q: int, rr: int) -> tuple[torch.Tensor, torch.T
         rest = w[:, min(k0 + NB, k):, k0:]
         if rest.shape[1]:
             rest.baddbmm_(rest @ v.mT @ t, v, alpha=-1)
-    qt = a.new_empty(b, 0, m)
-    if q:
-        qt = torch.eye(q, m, dtype=a.dtype, device=a.device).expand(b, q, m).contiguous()
-        for k0, v, t in reversed(panels):
-            z = qt[:, k0:, k0:]
-            z.baddbmm_(z @ v.mT @ t.mT, v, alpha=-1)
+    qt = torch.eye(q, m, dtype=a.dtype, device=a.device).expand(b, q, m).contiguous()
+    for k0, v, t in reversed(panels if q else ()):
+        z = qt[:, k0:, k0:]
+        z.baddbmm_(z @ v.mT @ t.mT, v, alpha=-1)
     return qt, w[..., :rr].tril()
 
 
