@@ -1,5 +1,5 @@
 """The ops suite (GPU; bench/bench_ops.py): `kernelkit.ops.grid_sample`, `matmul_add_relu`,
-`mxfp8_matmul` and `flash_attention` against torch."""
+`mxfp8_matmul`, `flash_attention`, `cholesky` and `qr` against torch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .timing import best_device, relative_error, time_ms
 
 
 def ops_figures(device: torch.device | None = None, quick: bool = False, tick: Tick = _no_tick) -> dict:
-    """kernelkit.ops.grid_sample and matmul_add_relu against torch."""
+    """The ops against torch (the module's docstring lists them), at sizes for `device`."""
     device = device or best_device()
     cuda = device.type == "cuda"
 
@@ -28,10 +28,35 @@ def ops_figures(device: torch.device | None = None, quick: bool = False, tick: T
         mx, attention = (2048, (2, 8, 1024, 128)) if quick else (8192, (4, 16, 4096, 128))
     else:
         mx, attention = (128, (1, 2, 128, 64)) if quick else (256, (1, 4, 256, 64))
+    # a batch of small matrices, then one large one
+    factor = ([(1024, 32), (1, 1024)] if quick else [(4096, 32), (1, 4096)]) if cuda else [(1024, 16), (1, 256)]
     return {"grid_sample": _ops_grid_sample(device, shape, t, tick),
             "matmul_add_relu": _ops_matmul(device, batch, n, t, tick),
             "mxfp8_matmul": _ops_mxfp8(device, mx, t, tick),
-            "flash_attention": _ops_attention(device, attention, t, tick)}
+            "flash_attention": _ops_attention(device, attention, t, tick),
+            "linalg": _ops_linalg(device, factor, t, tick)}
+
+
+def _ops_linalg(device, sizes, t, tick: Tick) -> list:
+    """cholesky and qr (float32) beside torch.linalg's (cuSOLVER / MAGMA, LAPACK on the CPU), for
+    batches of n x n matrices: [{"op", "batch", "n", "kernelkit_ms", "torch_ms", ...}]."""
+    from ..ops import cholesky, qr
+
+    out = []
+    for name, ours, theirs in (("cholesky", cholesky, torch.linalg.cholesky), ("qr", qr, torch.linalg.qr)):
+        tick(f"ops: {name}")
+        for batch, n in sizes:
+            torch.manual_seed(0)
+            a = torch.randn(batch, n, n, device=device)
+            if name == "cholesky":
+                a = a @ a.mT / n + torch.eye(n, device=device)
+                err = relative_error(ours(a), theirs(a.double()))
+            else:
+                err = relative_error(torch.matmul(*ours(a)), a)
+            assert err < 1e-4, (name, batch, n, err)
+            out.append({"op": name, "batch": batch, "n": n, "dtype": "float32", "relative_error": err,
+                        "kernelkit_ms": t(lambda: ours(a), 10, 2), "torch_ms": t(lambda: theirs(a), 10, 2)})
+    return out
 
 
 def _ops_mxfp8(device, n: int, t, tick: Tick) -> dict:

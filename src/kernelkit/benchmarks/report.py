@@ -204,6 +204,9 @@ def _md_ops(r: dict, path) -> list[str]:
                              f"{_ms(d['kernelkit'])} ({_num(f['kernelkit'])} TFLOP/s)",
                              f"{_ms(d['torch_sdpa'])} ({_num(f['torch_sdpa'])} TFLOP/s, SDPA)",
                              _ratio(d["torch_sdpa"], d["kernelkit"])])
+    for f in r.get("linalg", ()):
+        rows.append([f"{f['op']} {f['dtype']}", f"{f['batch']} × {f['n']}×{f['n']}", _ms(f["kernelkit_ms"]),
+                     f"{_ms(f['torch_ms'])} (`torch.linalg.{f['op']}`)", _ratio(f["torch_ms"], f["kernelkit_ms"])])
     return lines + _table(["op", "shapes", "kernelkit", "torch", "speed-up"], rows) + [
         "", CPU_SPEED_UP if _on_cpu(r) else SPEED_UP]
 
@@ -328,6 +331,10 @@ def bars(r: dict) -> tuple[str, str, list[str], dict[str, list]]:
                 groups.append(f"matmul_add_relu {dtype}")
                 ours.append(m[dtype]["kernelkit_ms"])
                 ref.append(m[dtype]["torch_ms"])
+        for f in r.get("linalg", ()):
+            groups.append(f"{f['op']} {f['batch']}×{f['n']}²")
+            ours.append(f["kernelkit_ms"])
+            ref.append(f["torch_ms"])
         return "kernelkit.ops", "ms", groups, {"kernelkit": ours, "torch": ref}
     if kind == "cpu":
         groups, ours, ref = [], [], []

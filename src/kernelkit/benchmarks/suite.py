@@ -22,7 +22,7 @@ from .timing import best_device, record
 GPU_SUITE = ("grid_sample", "ops", "overhead", "debug")
 CPU_SUITE = ("cpu", "overhead", "debug")
 KINDS = ("grid_sample", "ops", "cpu", "overhead", "debug")
-STEPS = {"grid_sample": 8, "ops": 13, "cpu": 11, "overhead": 3, "debug": 3}  # progress ticks of each
+STEPS = {"grid_sample": 8, "ops": 15, "cpu": 11, "overhead": 3, "debug": 3}  # progress ticks of each
 SCRIPTS = {"grid_sample": "bench_grid_sample.py", "ops": "bench_ops.py", "cpu": "bench_cpu.py",
            "overhead": "bench_overhead.py", "debug": "bench_debug.py"}
 
