@@ -6,7 +6,7 @@
 
 // D = L11 L11^T in place, for D's nb x nb lower triangle, by one SIMD-group: lane i holds row i.
 // Returns 0, or the order (1-based) of the first pivot that is not positive (or NaN): LAPACK's
-// info, the columns from there on left as they were.
+// info, the columns before it factored, the rest updated by them only.
 template <typename T, uint NB>
 inline uint kk_chol_factor(threadgroup T* D, uint nb, uint lane) {
   for (uint j = 0; j < nb; ++j) {
