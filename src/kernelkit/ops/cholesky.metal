@@ -24,7 +24,7 @@ for (uint b0 = 0; b0 < n; b0 += NB) {
                                                       simdgroup_index_in_threadgroup,
                                                       thread_index_in_simdgroup);
   const uint done = failed != 0 ? failed - 1 : nb;  // the block's factored columns
-  kk_chol_store_diagonal<T, NB, UPPER>(l, n, b0, nb, done, D, tid, nt);
+  kk_chol_store_diagonal<T, UPPER>(l, n, b0, nb, done, D, NB + 1, tid, nt);
   kk_chol_panel_rows<T, NB, UPPER>(l, n, b0, done, D, r0, n, tid, nt);
   if (failed != 0) {
     if (tid == 0) info[b] = int(b0 + failed);

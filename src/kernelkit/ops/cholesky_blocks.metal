@@ -48,14 +48,15 @@ inline uint kk_chol_diagonal(const device T* l, uint n, uint b0, uint nb, thread
   return *flag;
 }
 
-// D's lower triangle, its first `cols` columns (all nb rows), written to `out` at (b0, b0) (a
-// matrix of n columns).
-template <typename T, uint NB, bool UPPER>
-inline void kk_chol_store_diagonal(device T* out, uint n, uint b0, uint nb, uint cols,
-                                   const threadgroup T* D, uint tid, uint nt) {
+// A factored diagonal block's lower triangle, its first `cols` columns (all nb rows), copied
+// from `src` (rows of `ld`: D in threadgroup memory, or S in device memory) to `out` at (b0, b0)
+// (a matrix of n columns).
+template <typename T, bool UPPER, typename Src>
+inline void kk_chol_store_diagonal(device T* out, uint n, uint b0, uint nb, uint cols, Src src,
+                                   uint ld, uint tid, uint nt) {
   for (uint e = tid; e < nb * nb; e += nt) {
     const uint i = e / nb, j = e % nb;
-    if (j <= i && j < cols) out[kk_at<UPPER>(b0 + i, b0 + j, n)] = D[i * (NB + 1) + j];
+    if (j <= i && j < cols) out[kk_at<UPPER>(b0 + i, b0 + j, n)] = src[i * ld + j];
   }
 }
 

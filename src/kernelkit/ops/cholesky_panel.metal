@@ -17,7 +17,7 @@ const uint failed = kk_chol_diagonal<T, NB, UPPER>(l, n, b0, nb, D, &flag, tid, 
                                                     thread_index_in_simdgroup);
 const uint done = failed != 0 ? failed - 1 : nb;  // the block's factored columns
 if (g == 0) {
-  kk_chol_store_diagonal<T, NB, false>(S + ulong(b) * NB * NB, NB, 0, nb, done, D, tid, nt);
+  kk_chol_store_diagonal<T, false>(S + ulong(b) * NB * NB, NB, 0, nb, done, D, NB + 1, tid, nt);
   if (failed != 0 && tid == 0) const_cast<device int*>(info)[b] = int(b0 + failed);
 }
 // the rows below the block, in equal shares; their columns before a failed one only

@@ -9,14 +9,9 @@ const uint n = L_shape[1], b0 = uint(step), nb = metal::min(uint(NB), n - b0);
 const uint failed = uint(info[b]);
 if (failed != 0 && (failed <= b0 || failed > b0 + nb)) return;  // failed at an earlier step
 device T* l = const_cast<device T*>(L) + ulong(b) * n * n;
-if (g == 0) {  // the block's factored columns: all, or those before the failed one
-  const uint done = failed != 0 ? failed - 1 - b0 : nb;
-  const device T* s = S + ulong(b) * NB * NB;
-  for (uint e = tid; e < nb * nb; e += nt) {
-    const uint i = e / nb, j = e % nb;
-    if (j <= i && j < done) l[kk_at<UPPER>(b0 + i, b0 + j, n)] = s[i * NB + j];
-  }
-}
+if (g == 0)  // the block's factored columns: all, or those before the failed one
+  kk_chol_store_diagonal<T, UPPER>(l, n, b0, nb, failed != 0 ? failed - 1 - b0 : nb,
+                                   S + ulong(b) * NB * NB, NB, tid, nt);
 if (failed != 0) return;
 const uint tiles = (n - b0 - nb + TILE - 1) / TILE;
 if (g >= tiles * (tiles + 1) / 2) return;
