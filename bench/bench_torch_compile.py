@@ -9,7 +9,8 @@
   work per step dominates (host-bound) and where the device's does; on a GPU, each step's host time
   too (its launches alone, no sync), which says which one bounds the step. Beside it, the same
   model with torch's own F.grid_sample, eager and compiled: what torch.compile costs a model of
-  native ops at that size.
+  native ops at that size. On a GPU, both models also under mode="reduce-overhead" (CUDA graphs:
+  a step's launches replayed at once, what torch.compile offers host-bound steps).
 - With --baseline SRC (the `src` directory of an earlier kernelkit): the per-call overhead of a
   cached kernel (kernelkit.benchmarks.overhead_figures) of this checkout and of SRC, measured in
   alternating fresh processes, so that a change in the call path shows as a ratio.
@@ -89,24 +90,29 @@ def compile_figures(device, size, quick: bool) -> dict:
     # Against a float64 run: the weight's gradient sums ~1e5 products of mean-zero terms, where
     # two float32 summation orders differ by ~1e-2 relative; compiled must be as close as eager.
     reference = grads(_double(model), x.double(), grid.double())
-    errors = {name: [bm.relative_error(g, r) for g, r in zip(grads(m, x, grid), reference)]
-              for name, m in (("eager", model), ("compiled", compiled))}
-    assert all(c <= 2 * e + 1e-5 for c, e in zip(errors["compiled"], errors["eager"])), errors
+    ours = {"eager": model, "compiled": compiled}
     native = TorchSampler(C).to(device)
-    models = {"eager": model, "compiled": compiled, "torch_eager": native,
-              "torch_compiled": torch.compile(native, fullgraph=True)}
+    theirs = {"torch_eager": native, "torch_compiled": torch.compile(native, fullgraph=True)}
+    if device.type == "cuda":  # the mode torch.compile offers host-bound steps: CUDA graphs
+        ours["cudagraphs"] = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        theirs["torch_cudagraphs"] = torch.compile(native, mode="reduce-overhead", fullgraph=True)
+    errors = {name: [bm.relative_error(g, r) for g, r in zip(grads(m, x, grid), reference)]
+              for name, m in ours.items()}
+    assert all(c <= 2 * e + 1e-5 for name in ours for c, e in zip(errors[name], errors["eager"])), errors
+    models = {**ours, **theirs}
     per_round = {f"{name}_ms": [] for name in models}
     if device.type == "cuda":
-        per_round.update(eager_host_ms=[], compiled_host_ms=[])
+        per_round.update({f"{name}_host_ms": [] for name in ours})
     for _ in range(rounds):
         for name, m in models.items():
             per_round[f"{name}_ms"].append(bm.time_ms(step(m, x, grid), device, reps, warmup=2))
-            if device.type == "cuda" and not name.startswith("torch"):
+            if device.type == "cuda" and name in ours:
                 per_round[f"{name}_host_ms"].append(_host_ms(step(m, x, grid), reps))
     ms = {k: statistics.median(v) for k, v in per_round.items()}
     return {"shape": {"x": [B, H, W, C], "grid": [B, gH, gW, 2]}, "rounds": rounds, "reps": reps,
-            **ms, "compiled_over_eager": ms["compiled_ms"] / ms["eager_ms"],
-            "torch_compiled_over_eager": ms["torch_compiled_ms"] / ms["torch_eager_ms"],
+            **ms, **{f"{name}_over_eager": ms[f"{name}_ms"] / ms["eager_ms"] for name in ours if name != "eager"},
+            **{f"{name}_over_eager": ms[f"{name}_ms"] / ms["torch_eager_ms"] for name in theirs
+               if name != "torch_eager"},
             "grad_relative_error_to_float64": errors, "per_round_ms": per_round}
 
 
@@ -177,6 +183,10 @@ def main() -> int:
               f"torch.compile {c['compiled_ms']:.3f} ms, compiled / eager {c['compiled_over_eager']:.3f}"
               + host + f"; with torch's F.grid_sample: eager {c['torch_eager_ms']:.3f} ms, compiled "
               f"{c['torch_compiled_ms']:.3f} ms, compiled / eager {c['torch_compiled_over_eager']:.3f}")
+        if "cudagraphs_ms" in c:
+            print(f"  mode='reduce-overhead' (CUDA graphs): {c['cudagraphs_ms']:.3f} ms, / eager "
+                  f"{c['cudagraphs_over_eager']:.3f}; torch's F.grid_sample {c['torch_cudagraphs_ms']:.3f} ms, "
+                  f"/ eager {c['torch_cudagraphs_over_eager']:.3f}")
     if a.baseline:
         o = body["overhead"]
         print(f"per-call overhead: this {o['this_us']:.2f} us, baseline {o['baseline_us']:.2f} us, "

@@ -244,8 +244,8 @@ def test_the_compiled_launcher_packs_as_the_python_packer(uses, lent):
     outputs = [torch.empty(5), torch.empty(2, dtype=torch.int32)]
     tail = (1000, 3, 2, 4096)
     plan = module.make_plan(0, 0, (1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block(tail),
-                            (torch.empty(()), torch.empty((), dtype=torch.int32)), torch.Size,
-                            lambda i: 0, 0, (None, None), lambda err: None, torch.empty_like, None)
+                            (torch.empty(0), torch.empty(0, dtype=torch.int32)), torch.Size,
+                            lambda i: 0, 0, (None, None), lambda err: None, None)
     assert module.pack(plan, inputs, outputs) == sig.packer()(inputs, outputs, tail)
     with pytest.raises(OverflowError, match="int32"):
         module.pack(plan, [a, 1.0, inputs[2], 2**40, True], outputs)
@@ -299,16 +299,6 @@ def test_the_compiled_plan_key_is_the_python_one(lent):
             except TypeError:
                 got = None
         assert got == expected, args
-
-
-@pytest.mark.parametrize("shape", [(32,), (2, 3), (4, 1, 5), (2, 3, 4, 5), (2, 1, 3, 4, 5), (1, 2) * 4])
-def test_empty_like_of_an_expanded_prototype_is_contiguous(shape):
-    """fastcall.cpp allocates a repeated shape of 2+ elements as empty_like(0-d prototype
-    expanded to it)."""
-    for dtype in (torch.float32, torch.bfloat16):
-        out = torch.empty_like(torch.empty((), dtype=dtype).expand(shape))
-        assert out.shape == shape and out.is_contiguous() and out.dtype == dtype
-        assert out.stride() == torch.empty(shape).stride()
 
 
 def test_without_the_extension_plans_run_in_python(device, monkeypatch):
@@ -421,18 +411,18 @@ def test_a_plan_refuses_too_few_inputs_or_outputs():
     sig = Signature([("a", InputSpec(f32, False, False, 8)), ("b", InputSpec(f32, False, False, 8))],
                     [("out", f32)], False, [], {"thread_position_in_grid"})
     args = ((1, 1, 1, 1, 1, 1, 0), sig.fill_table(), sig.constant_block((1, 1, 1, 0)))
-    plan = module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, (None,),
-                            lambda err: None, torch.empty_like, None)
+    plan = module.make_plan(0, 0, *args, (torch.empty(0),), torch.Size, lambda i: 0, 0, (None,),
+                            lambda err: None, None)
     with pytest.raises(ValueError, match="fewer inputs or outputs"):
         module.pack(plan, [torch.empty(2)], [torch.empty(2)])
     with pytest.raises(ValueError, match="fewer inputs or outputs"):
         module.pack(plan, [torch.empty(2), torch.empty(2)], [])
     with pytest.raises(ValueError, match="more output fields than prototypes"):
         module.make_plan(0, 0, *args, (), torch.Size, lambda i: 0, 0, (), lambda err: None,
-                         torch.empty_like, None)
+                         None)
     with pytest.raises(TypeError, match="bad arguments"):  # a prepare entry per prototype
-        module.make_plan(0, 0, *args, (torch.empty(()),), torch.Size, lambda i: 0, 0, (), lambda err: None,
-                         torch.empty_like, None)
+        module.make_plan(0, 0, *args, (torch.empty(0),), torch.Size, lambda i: 0, 0, (), lambda err: None,
+                         None)
 
 
 def test_every_output_empty_after_a_plan_runs_no_kernel(device, lent, monkeypatch):

@@ -127,9 +127,16 @@ def _zeros_like(t: torch.Tensor) -> torch.Tensor:
     key = (t.dtype, t.device)
     zero = _ZERO.get(key)
     if zero is None or zero._version:
-        zero = torch.zeros((), dtype=t.dtype, device=t.device)
-        if t.is_cuda:  # filled before any stream reads it
-            torch.cuda.current_stream(t.device).synchronize()
+        if t.is_cuda:
+            # Made on a stream of its own, outside any memory pool the current stream allocates
+            # from (torch.compile's CUDA graphs count every live block of theirs as theirs), and
+            # filled before any stream reads it.
+            side = torch.cuda.Stream(t.device)
+            with torch.cuda.stream(side):
+                zero = torch.zeros((), dtype=t.dtype, device=t.device)
+            side.synchronize()
+        else:
+            zero = torch.zeros((), dtype=t.dtype, device=t.device)
         _ZERO[key] = zero
     return zero.expand(t.shape)
 

@@ -192,11 +192,7 @@ struct Plan {
   unsigned dims[7];  // blocks x y z, threads x y z, shared bytes
   std::vector<Field> fields;
   std::vector<char> block;  // the argument block with its constant fields (grid, shared) filled
-  std::vector<PyObject*> prototypes;  // 0-d tensors of each output's dtype and device
-  // The last shape of each output and its prototype expanded to it: empty_like() on a
-  // prototype of the right shape is torch's quickest allocation (~1 us less than new_empty).
-  std::vector<PyObject*> last_shape, shaped;
-  PyObject* empty_like;   // torch.empty_like
+  std::vector<PyObject*> prototypes;  // empty tensors of each output's dtype and device
   PyObject* shape_type;   // torch.Size
   PyObject* stream;       // stream(index) -> torch's current raw stream
   PyObject* index;        // the device index, a Python int
@@ -216,7 +212,6 @@ struct Plan {
 };
 
 PyObject* str_new_empty = nullptr;
-PyObject* str_expand = nullptr;
 PyObject* str_data_ptr = nullptr;
 PyObject* str_stride = nullptr;
 PyObject* str_shape = nullptr;
@@ -224,9 +219,6 @@ PyObject* str_dim = nullptr;
 
 void destroy(Plan* plan) {
   for (PyObject* p : plan->prototypes) Py_DECREF(p);
-  for (PyObject* p : plan->last_shape) Py_XDECREF(p);
-  for (PyObject* p : plan->shaped) Py_XDECREF(p);
-  Py_XDECREF(plan->empty_like);
   Py_XDECREF(plan->shape_type);
   Py_XDECREF(plan->stream);
   Py_XDECREF(plan->index);
@@ -242,10 +234,10 @@ void plan_free(PyObject* capsule) {
 }
 
 // make_plan(fn, ctx, dims(7 ints), fields((kind, index, offset, capacity), ...), block(bytes),
-//           prototypes(tuple), shape_type, stream, index, prepare(tuple), failed, empty_like,
-//           keep) -> capsule. stream: stream(index) -> torch's current raw stream, or None on the CPU.
+//           prototypes(tuple), shape_type, stream, index, prepare(tuple), failed, keep)
+//           -> capsule. stream: stream(index) -> torch's current raw stream, or None on the CPU.
 PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 13 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 7 ||
+  if (nargs != 12 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 7 ||
       !PyTuple_Check(args[3]) || !PyBytes_Check(args[4]) || !PyTuple_Check(args[5]) ||
       !PyTuple_Check(args[9]) || PyTuple_GET_SIZE(args[9]) != PyTuple_GET_SIZE(args[5])) {
     PyErr_SetString(PyExc_TypeError, "make_plan: bad arguments");
@@ -269,11 +261,8 @@ PyObject* make_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* p = PyTuple_GET_ITEM(args[5], i);
     Py_INCREF(p);
     plan->prototypes.push_back(p);
-    plan->last_shape.push_back(nullptr);
-    plan->shaped.push_back(nullptr);
   }
-  plan->empty_like = Py_NewRef(args[11]);
-  plan->keep = Py_NewRef(args[12]);
+  plan->keep = Py_NewRef(args[11]);
   PyObject** refs[] = {&plan->shape_type, &plan->stream, &plan->index, &plan->prepare, &plan->failed};
   for (int i = 0; i < 5; ++i) {
     Py_INCREF(args[6 + i]);
@@ -478,34 +467,6 @@ bool read_shape(const Plan* plan, PyObject* shape, Dims& dims) {
   return true;
 }
 
-// A new output through torch's Python methods (without fastcall_torch.cpp): empty_like of the
-// prototype expanded to the shape, kept from the last call, when the shape is that call's
-// (torch's quickest allocation from Python, ~1 us less than new_empty); else new_empty.
-PyObject* new_output(Plan* plan, Py_ssize_t i, PyObject* shape, const Dims& dims) {
-  // Strong references: torch releases the GIL, and another thread's call may replace them.
-  PyObject* last = Py_XNewRef(plan->last_shape[i]);
-  PyObject* cached = Py_XNewRef(plan->shaped[i]);
-  int same = last ? PyObject_RichCompareBool(shape, last, Py_EQ) : 0;
-  PyObject* out = same > 0 ? PyObject_CallOneArg(plan->empty_like, cached) : nullptr;
-  Py_XDECREF(last);
-  Py_XDECREF(cached);
-  if (same != 0) return out;
-  out = PyObject_CallMethodOneArg(plan->prototypes[i], str_new_empty, shape);
-  // A stride-0 view of 2+ elements is not dense, so empty_like gives it contiguous strides (of 0
-  // or 1 element it would keep the view's zero strides: not worth caching).
-  int64_t numel = 1;
-  for (Py_ssize_t d = 0; d < dims.size; ++d) numel *= dims.data[d];
-  if (out == nullptr || numel < 2) return out;
-  PyObject* shaped = PyObject_CallMethodOneArg(plan->prototypes[i], str_expand, shape);
-  if (shaped == nullptr) {
-    Py_DECREF(out);
-    return nullptr;
-  }
-  Py_XSETREF(plan->last_shape[i], Py_NewRef(shape));
-  Py_XSETREF(plan->shaped[i], shaped);
-  return out;
-}
-
 // failed(why) of a plan whose launch failed (why: a new reference, or null with an error set);
 // false when it raised, as it does.
 bool told_failed(Plan* plan, PyObject* why) {
@@ -603,7 +564,7 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
     PyObject* shape = PySequence_Fast_GET_ITEM(shapes, i);
     read_shape(plan, shape, dims);  // true: checked above
     PyObject* out = api ? api->empty(plan->prototypes[i], dims.data, static_cast<int64_t>(dims.size))
-                        : new_output(plan, i, shape, dims);
+                        : PyObject_CallMethodOneArg(plan->prototypes[i], str_new_empty, shape);
     if (out == nullptr) goto fail;
     PyList_SET_ITEM(outputs, i, out);
     PyObject* prepare = PyTuple_GET_ITEM(plan->prepare, i);
@@ -1051,7 +1012,6 @@ extern "C" PyMODINIT_FUNC PyInit__fastcall() {
   str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
   str_requires_grad = PyUnicode_InternFromString("requires_grad");
   str_new_empty = PyUnicode_InternFromString("new_empty");
-  str_expand = PyUnicode_InternFromString("expand");
   str_data_ptr = PyUnicode_InternFromString("data_ptr");
   str_stride = PyUnicode_InternFromString("stride");
   str_shape = PyUnicode_InternFromString("shape");

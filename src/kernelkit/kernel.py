@@ -260,7 +260,8 @@ class Kernel:
         if plan_key is not None and self._repeated((id(plans), plan_key)) and _fast_call_ready() \
                 and all(t is x and (type(x) is torch.Tensor or arrays.is_scalar(x))
                         for t, x in zip(tensors, inputs)) and _key_fixes_device(tensors):
-            prototypes = tuple(torch.empty((), dtype=d.torch, device=device) for d in out_dtypes)
+            # (empty: no memory, which a CUDA graph's pool would count as leaked by the graph)
+            prototypes = tuple(torch.empty(0, dtype=d.torch, device=device) for d in out_dtypes)
             prepare = tuple(Fill(f) if f is not None else _poison if _POISON else None for f in fills)
             plans[plan_key] = backend.compiled_plan(
                 variant.program, grid, group, self.shared_memory, self.name, variant.signature,
@@ -537,7 +538,7 @@ class _Plan:
     __slots__ = ("prototypes", "prepare", "pack", "tail", "launch")
 
     def __init__(self, prototypes, prepare, pack, tail, launch):
-        # new_empty on a 0-d tensor of the output's dtype and device: quicker than torch.empty;
+        # new_empty on an empty tensor of the output's dtype and device: quicker than torch.empty;
         # prepare: per output, None or what fills a new one (init_value, or the tests' poison)
         self.prototypes, self.prepare, self.pack, self.tail, self.launch = (
             prototypes, prepare, pack, tail, launch)

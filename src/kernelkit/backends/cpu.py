@@ -179,7 +179,7 @@ class CpuBackend:
         return module.make_plan(
             ctypes.cast(program.launch, ctypes.c_void_p).value, ctypes.addressof(desc), (0,) * 7,
             signature.fill_table(), signature.constant_block((*grid, shared)), prototypes, torch.Size,
-            None, 0, prepare, _launch_failed, torch.empty_like, desc)
+            None, 0, prepare, _launch_failed, desc)
 
     def launcher(self, program, device, grid, group, shared: int, stream, name: str):
         """launch(block): runs the program over this dispatch with a packed argument block."""

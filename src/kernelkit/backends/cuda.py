@@ -410,7 +410,7 @@ class CudaBackend:
             signature.fill_table(),
             signature.constant_block((*grid, shared)), prototypes, torch.Size,
             _raw_stream or _current_stream, dev.index, prepare,
-            functools.partial(_launch_failed, device=dev, name=name), torch.empty_like, None)
+            functools.partial(_launch_failed, device=dev, name=name), None)
         return plan
 
 
