@@ -12,15 +12,14 @@ __device__ __forceinline__ bool cuda_thread_ctx(const kk_dim3 grid, kk_thread_ct
   t.tg_dispatch = {blockDim.x, blockDim.y, blockDim.z};
   t.num_groups = {gridDim.x, gridDim.y, gridDim.z};
   t.grid = grid;
-  // 64-bit: grid.x may be close to 2^32
-  const unsigned long long x0 = (unsigned long long)blockIdx.x * blockDim.x;
-  const unsigned long long y0 = (unsigned long long)blockIdx.y * blockDim.y;
-  const unsigned long long z0 = (unsigned long long)blockIdx.z * blockDim.z;
-  if (x0 + threadIdx.x >= grid.x || y0 + threadIdx.y >= grid.y || z0 + threadIdx.z >= grid.z)
-    return false;
-  t.tg_size = {(unsigned)min((unsigned long long)blockDim.x, grid.x - x0),
-               (unsigned)min((unsigned long long)blockDim.y, grid.y - y0),
-               (unsigned)min((unsigned long long)blockDim.z, grid.z - z0)};
+  // A launch has ceil(grid / threadgroup) threadgroups a dimension, so each one starts inside
+  // the grid: its first position, and the grid's threads left from there, fit 32 bits (even
+  // with grid.x close to 2^32), and only the last one a dimension can be partial.
+  const unsigned left_x = grid.x - blockIdx.x * blockDim.x;
+  const unsigned left_y = grid.y - blockIdx.y * blockDim.y;
+  const unsigned left_z = grid.z - blockIdx.z * blockDim.z;
+  if (threadIdx.x >= left_x || threadIdx.y >= left_y || threadIdx.z >= left_z) return false;
+  t.tg_size = {min(blockDim.x, left_x), min(blockDim.y, left_y), min(blockDim.z, left_z)};
   t.tindex = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   t.rt = nullptr;
   return true;
