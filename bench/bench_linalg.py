@@ -1,7 +1,8 @@
 """kk.ops.cholesky and kk.ops.qr against torch.linalg (cuSOLVER / MAGMA on a GPU, LAPACK on the
 CPU), interleaved in one process, on batches of small matrices and on large ones.
 
-    PYTHONPATH=src python bench/bench_linalg.py [--device cuda|cpu] [--quick] [--out DIR]
+    PYTHONPATH=src python bench/bench_linalg.py [--device cuda|cpu] [--ops cholesky qr] [--quick]
+                                                [--out DIR]
 
 Each case is first checked against float64 (relative error of L, of Q R against A). On a GPU the
 contenders take turns in rounds timed with CUDA events (kernelkit.benchmarks.interleaved_ms); on
@@ -76,14 +77,16 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=list(DTYPES))
     parser.add_argument("--quick", action="store_true", help="the first two cases of each op, 3 rounds")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--ops", nargs="+", default=["cholesky", "qr"], choices=["cholesky", "qr"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     kind = "cuda" if device.type == "cuda" else "cpu"
     rounds = 3 if args.quick else args.rounds
-    cases = [("cholesky", s) for s in CHOLESKY[kind]] + [("qr", s) for s in QR[kind]]
+    cases = [(op, s) for op, shapes in (("cholesky", CHOLESKY), ("qr", QR)) if op in args.ops
+             for s in shapes[kind]]
     if args.quick:
-        cases = cases[:2] + [c for c in cases if c[0] == "qr"][:2]
+        cases = [c for op in args.ops for c in [c for c in cases if c[0] == op][:2]]
     results = []
     for op, shape in cases:
         for name in args.dtypes:

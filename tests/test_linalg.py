@@ -23,12 +23,14 @@ def _close(actual, expected, dtype):
     torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), rtol=0, atol=TOL[dtype] * scale)
 
 
-@pytest.fixture(params=["serial", "one_group", "blocked"])
+@pytest.fixture(params=["serial", "simd", "one_group", "blocked"])
 def path(request, monkeypatch):
-    """Each test on every path: a thread a matrix (the CPU's for small matrices), a threadgroup a
-    matrix, and the blocked steps (32-column panels)."""
+    """Each test on every path: a thread a matrix (the CPU's for small matrices), a SIMD-group a
+    matrix (Cholesky up to 32 x 32, the GPU's), a threadgroup a matrix, and the blocked steps
+    (32-column panels)."""
     serial = {"cpu": 1 << 30, "cuda": 1 << 30} if request.param == "serial" else {}
     monkeypatch.setattr(linalg, "SERIAL_MAX_N", {"cholesky": serial, "qr": serial})
+    monkeypatch.setattr(linalg, "SIMD_MAX_N", {"cpu": 32, "cuda": 32} if request.param == "simd" else {})
     blocked = 1 if request.param == "blocked" else 1 << 30
     monkeypatch.setattr(linalg, "BLOCKED_MIN_N", blocked)
     monkeypatch.setattr(linalg, "QR_BLOCKED_MIN_N", {"cpu": blocked, "cuda": blocked})
@@ -49,25 +51,26 @@ def test_cholesky_matches_torch(device, path, dtype, upper, batch, n):
     _close(out, torch.linalg.cholesky(a.double(), upper=upper), dtype)
 
 
-@pytest.mark.parametrize("n", [70, 200])
+@pytest.mark.parametrize("n", [23, 70, 200])
 def test_cholesky_ex_info_as_lapack(device, path, n):
-    """(n = 200: the blocked steps' panel rows over several threadgroups.)"""
+    """(n = 23: a SIMD-group's path; 200: the blocked steps' panel rows over several threadgroups.)"""
     a = _spd((4,), n, device)
     spd = a[2].clone()
+    mid = min(40, n // 2)      # (40: in the second block)
     a[1] = -a[1]               # the first minor
-    a[2, 40, 40] = -1e3        # the 41st, in the second block
+    a[2, mid, mid] = -1e3
     a[3, n - 1, n - 1] = float("nan")  # the last
     L, info = kk.ops.cholesky_ex(a)
     assert info.dtype == torch.int32 and info.device == a.device
-    assert info.tolist() == torch.linalg.cholesky_ex(a.cpu()).info.tolist() == [0, 1, 41, n]
+    assert info.tolist() == torch.linalg.cholesky_ex(a.cpu()).info.tolist() == [0, 1, mid + 1, n]
     _close(L[0], torch.linalg.cholesky(a[0].double()), torch.float64)
     # the columns before the failing one are factored (they depend on A's columns up to theirs)
-    _close(L[2, :, :40], torch.linalg.cholesky(spd)[:, :40], torch.float64)
+    _close(L[2, :, :mid], torch.linalg.cholesky(spd)[:, :mid], torch.float64)
     with pytest.raises(torch.linalg.LinAlgError, match=r"cholesky: \(Batch element 1\): The factorization "
                        r"could not be completed because the input is not positive-definite \(the "
                        r"leading minor of order 1 is not positive-definite\)"):
         kk.ops.cholesky(a)
-    with pytest.raises(torch.linalg.LinAlgError, match="cholesky_ex: .*order 41"):
+    with pytest.raises(torch.linalg.LinAlgError, match=rf"cholesky_ex: .*order {mid + 1}\b"):
         kk.ops.cholesky_ex(a[2:], check_errors=True)
     with pytest.raises(torch.linalg.LinAlgError, match=rf"cholesky: The factorization .* order {n}"):
         kk.ops.cholesky(a[3])
