@@ -19,6 +19,7 @@ from .kernel import prepared as _prepared  # noqa: E402
 from .cross import CompiledKernel, compile_for  # noqa: E402
 from .errors import CompileError, GPUFault, KernelLaunchError, UnwrittenOutputWarning  # noqa: E402
 from .preconditions import Preconditions  # noqa: E402
+from .precompiled import precompiled_cuda_kernel  # noqa: E402
 
 
 def _load_gpu_bindings() -> None:
@@ -191,6 +192,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'kernelkit' has no attribute {name!r}")
 
 
-__all__ = ["metal_kernel", "cuda_kernel", "custom_function", "compile_for", "CompiledKernel", "ops",
+__all__ = ["metal_kernel", "cuda_kernel", "precompiled_cuda_kernel", "custom_function", "compile_for",
+           "CompiledKernel", "ops",
            "CompileError",
            "KernelLaunchError", "GPUFault", "UnwrittenOutputWarning", "__version__"]

@@ -224,7 +224,7 @@ class Kernel:
             raise TypeError(f"[{c}] NumPy has no bfloat16: pass torch tensors for bfloat16 outputs.")
         if group is None or (shapes and all(0 in s for s in shapes)):
             # Nothing to run (an empty grid, or every output empty): outputs made, no kernel.
-            outputs = [_new_output(s, d, device, f) for s, d, f in zip(shapes, out_dtypes, fills)]
+            outputs = [new_output(s, d, device, f) for s, d, f in zip(shapes, out_dtypes, fills)]
             return [arrays.to_numpy(o) for o in outputs] if numpy_in else outputs
 
         key = (device, tuple(specs), out_dtypes, targs)
@@ -242,7 +242,7 @@ class Kernel:
         if verbose:
             self._print(variant)
 
-        outputs = [_new_output(s, d, device, f) for s, d, f in zip(shapes, out_dtypes, fills)]
+        outputs = [new_output(s, d, device, f) for s, d, f in zip(shapes, out_dtypes, fills)]
         launch = backend.launcher(variant.program, device, grid, group, self.shared_memory, stream,
                                   self.name)
         tail = (*grid, self.shared_memory)
@@ -292,15 +292,15 @@ class Kernel:
 
     def _dispatch(self, backend, device, grid, threadgroup):
         """(grid, group) of the launch; group None for an empty grid (no launch)."""
-        grid = self._dims(grid, "grid", 0)
-        group = self._dims(threadgroup, "threadgroup", 1)
+        grid = dims(grid, "grid", 0, self.caller)
+        group = dims(threadgroup, "threadgroup", 1, self.caller)
         if 0 in grid:
             return grid, None
         # Groups are clamped to the grid (Metal's rule; a group never holds more threads than the
         # grid). Metal's edge groups are then partial; CUDA's dialect runs whole groups instead.
         group = tuple(min(t, g) for t, g in zip(group, grid))
         if self.dialect.WHOLE_GROUPS:
-            grid = self._dims(tuple(-(-n // g) * g for n, g in zip(grid, group)), "grid", 1)
+            grid = dims(tuple(-(-n // g) * g for n, g in zip(grid, group)), "grid", 1, self.caller)
         backend.check_dispatch(device, grid, group, self.shared_memory, self.caller)
         return grid, group
 
@@ -378,18 +378,6 @@ class Kernel:
             raise ValueError(f"[{self.caller}] output_shapes[{i}] for {self.output_names[i]!r} must be "
                              "a sequence of non-negative ints.")
         return shape
-
-    def _dims(self, value, what: str, lowest: int) -> tuple[int, int, int]:
-        """Three ints in [lowest, 2**32): anything integral, no bools or floats."""
-        try:
-            dims = tuple(map(arrays.integral, value)) if isinstance(value, (tuple, list)) else ()
-        except TypeError:
-            dims = ()
-        if len(dims) != 3 or not all(lowest <= v < 2**32 for v in dims):
-            kind = "positive" if lowest else "non-negative"
-            raise ValueError(f"[{self.caller}] `{what}` must be three {kind} ints (below 2**32), "
-                             f"got {value!r}.")
-        return dims
 
     def _param_names(self) -> set[str]:
         names = set(self.input_names) | set(self.output_names)
@@ -608,7 +596,19 @@ def _typed(values) -> tuple:
     return (*values, *map(type, values))
 
 
-def _new_output(shape, dtype, device, fill) -> torch.Tensor:
+def dims(value, what: str, lowest: int, caller: str) -> tuple[int, int, int]:
+    """A grid or threadgroup: three ints in [lowest, 2**32), anything integral, no bools or floats."""
+    try:
+        got = tuple(map(arrays.integral, value)) if isinstance(value, (tuple, list)) else ()
+    except TypeError:
+        got = ()
+    if len(got) != 3 or not all(lowest <= v < 2**32 for v in got):
+        kind = "positive" if lowest else "non-negative"
+        raise ValueError(f"[{caller}] `{what}` must be three {kind} ints (below 2**32), got {value!r}.")
+    return got
+
+
+def new_output(shape, dtype, device, fill) -> torch.Tensor:
     """A new output: filled with its init_value, else poisoned in the tests."""
     o = torch.empty(shape, dtype=dtype.torch, device=device)
     if fill is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import numbers
 import os
 import re
@@ -217,6 +218,28 @@ class Device:
             func = _check(driver.cuModuleGetFunction(module, entry.encode()), "cuModuleGetFunction")
         return func
 
+    def load_precompiled(self, binary: bytes, entry: str, caller: str):
+        """A CUfunction `entry` of a module compiled elsewhere (PTX, cubin or fatbin), loaded once
+        per device; ValueError saying why where the driver refuses the module or the name."""
+        key = ("precompiled", hashlib.sha256(binary).hexdigest(), entry)
+        func = self.modules.get(key)
+        if func is not None:
+            return func
+        driver = _driver()
+        with self.current():
+            err, module = driver.cuModuleLoadData(binary)
+            if int(err):
+                raise ValueError(f"[{caller}] the driver could not load compiled_source on cuda:{self.index} "
+                                 f"({self.arch}): {_error_name(err)}. Expected PTX, a cubin or a fatbin "
+                                 "built for this GPU (or PTX of an older architecture).")
+            err, func = driver.cuModuleGetFunction(module, entry.encode())
+            if int(err):
+                driver.cuModuleUnload(module)
+                raise ValueError(f"[{caller}] compiled_source has no kernel named {entry!r} "
+                                 f"({_error_name(err)}); a C++ kernel's name is its mangled one "
+                                 "unless it is declared extern \"C\".")
+        return self.modules.setdefault(key, func)
+
     def current(self):
         return _ContextGuard(self)
 
@@ -270,12 +293,19 @@ _STICKY = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR
            "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT"}
 
 
+def _error_name(err) -> str:
+    """The driver's name of a CUresult (or of its int value)."""
+    driver = _driver()
+    result = driver.CUresult(int(err))
+    name = driver.cuGetErrorName(result)[1]
+    return name.decode() if name else str(result)
+
+
 def _launch_failed(err: int, device: Device, name: str) -> None:
     """Raise for a failed cuLaunchKernel: GPUFault for a sticky error left by an earlier kernel."""
     driver = _driver()
     result = driver.CUresult(err)
-    error = driver.cuGetErrorName(result)[1]
-    error = error.decode() if error else str(result)
+    error = _error_name(err)
     if error in _STICKY:
         raise GPUFault(
             f"launching kernel {name!r} on cuda:{device.index}: the GPU reports {error} from a "
@@ -394,6 +424,25 @@ class CudaBackend:
                 _launch_failed(int(err), dev, name)
         return launch
 
+
+    def load_precompiled(self, device, binary: bytes, entry: str, caller: str):
+        return Device.get(device.index).load_precompiled(binary, entry, caller)
+
+    def launch_params(self, func, device, grid, group, shared: int, params, name: str) -> None:
+        """Launch a kernel of separate parameters (a precompiled one) on the device's current
+        stream: `params`, ctypes values in the kernel's parameter order, over `grid` threads in
+        groups of `group` (whole groups)."""
+        dev = Device.get(device.index)
+        if shared > 48 * 1024:
+            dev.set_max_dynamic_shared(func, shared)
+        handle = _current_stream(dev.index)
+        pointers = (ctypes.c_void_p * max(1, len(params)))(*map(ctypes.addressof, params))
+        driver = _driver()
+        with dev.current():  # (the driver copies the parameters during the call)
+            err, = driver.cuLaunchKernel(func, *groups_per_grid(grid, group), *group, shared, handle,
+                                         ctypes.addressof(pointers) if params else 0, 0)
+        if int(err):
+            _launch_failed(int(err), dev, name)
 
     def compiled_plan(self, program, grid, group, shared: int, name: str, signature, prototypes,
                       prepare):
