@@ -76,6 +76,20 @@ def test_cholesky_ex_info_as_lapack(device, path, n):
         kk.ops.cholesky(a[3])
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 8, 9, 16, 17, 31])
+def test_cholesky_on_simd_groups_of_every_width(device, monkeypatch, n):
+    """The SIMD-group path's lanes a matrix (n rounded up to a power of two) and its SIMD-groups
+    shared by several matrices: 37 of them, no multiple of a SIMD-group's matrices, one failing."""
+    monkeypatch.setattr(linalg, "SIMD_MAX_N", {"cpu": 32, "cuda": 32})
+    a = _spd((37,), n, device, torch.float32, seed=n)
+    a[20, n // 2, n // 2] = -1.0
+    L, info = kk.ops.cholesky_ex(a)
+    expected = torch.linalg.cholesky_ex(a.double().cpu())
+    assert info.tolist() == expected.info.tolist()
+    good = expected.info == 0
+    _close(L[good.to(device)], expected.L[good], torch.float32)
+
+
 def test_cholesky_gradients(device, path):
     a = _spd((2,), 40, device).requires_grad_()
     for upper in (False, True):
