@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import numbers
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -26,9 +28,13 @@ CALLER = "precompiled_cuda_kernel"
 _SCALAR_TYPES = {bool: ctypes.c_bool, int: ctypes.c_int32, float: ctypes.c_float}
 
 
-def precompiled_cuda_kernel(*, name: str, compiled_source, inputs, output_shapes, output_dtypes,
-                            scalars, grid, threadgroup, shared_memory: int = 0, init_value=None,
-                            ensure_row_contiguous: bool = False, stream=None) -> list[torch.Tensor]:
+def precompiled_cuda_kernel(*, name: str, compiled_source: bytes, inputs: Sequence[Any],
+                            output_shapes: Sequence[Sequence[int]], output_dtypes: Sequence[Any],
+                            scalars: Sequence[bool | int | float], grid: tuple[int, int, int],
+                            threadgroup: tuple[int, int, int], shared_memory: int = 0,
+                            init_value: float | None = None, ensure_row_contiguous: bool = False,
+                            stream: torch.cuda.Stream | torch.device | str | None = None
+                            ) -> list[torch.Tensor]:
     """Run a precompiled CUDA kernel, as MLX's `mx.fast.precompiled_cuda_kernel`.
 
     Args:
