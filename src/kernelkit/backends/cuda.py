@@ -200,7 +200,7 @@ class Device:
         self.max_shared_optin = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.context = _check(driver.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
         self._context_int = int(self.context)
-        self.modules: dict[str, object] = {}  # compile-cache key -> loaded entry
+        self.modules: dict = {}  # compile-cache key (or a precompiled module's) -> loaded entry
 
     @classmethod
     def get(cls, index: int) -> "Device":
@@ -423,7 +423,6 @@ class CudaBackend:
             if int(err):
                 _launch_failed(int(err), dev, name)
         return launch
-
 
     def load_precompiled(self, device, binary: bytes, entry: str, caller: str):
         return Device.get(device.index).load_precompiled(binary, entry, caller)
