@@ -46,7 +46,7 @@ def test_arguments_are_keywords_and_checked_before_anything_runs():
         (dict(output_dtypes=[torch.float32]), ValueError, "Expected `output_dtypes` to have size 2"),
         (dict(scalars=["2"]), TypeError, r"scalars\[0\] must be a bool, an int or a float"),
         (dict(scalars=[2**31]), OverflowError, "does not fit the kernel's int"),
-        (dict(inputs=[torch.ones(4), object()]), TypeError, r"inputs\[1\] must be an array"),
+        (dict(inputs=[torch.ones(4), object()]), TypeError, r"inputs\[1\] must be a torch.Tensor"),
     ]
     for change, error, message in bad:
         with pytest.raises(error, match=message):

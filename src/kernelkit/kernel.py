@@ -305,8 +305,7 @@ class Kernel:
         return grid, group
 
     def _sequence(self, value, what: str, expected: int):
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(f"[{self.caller}] Expected `{what}` to be a list, got {type(value).__name__}.")
+        listed(value, what, self.caller)
         if len(value) != expected:
             raise ValueError(f"[{self.caller}] Expected `{what}` to have size {expected} "
                              f"but got size {len(value)}.")
@@ -336,15 +335,7 @@ class Kernel:
                 tensors.append(x)
                 specs.append(InputSpec(arrays.SCALAR_DTYPES[type(x)], True, True, 0))
                 continue
-            try:
-                t, from_numpy = arrays.as_tensor(x)
-            except (BufferError, RuntimeError, TypeError, ValueError) as e:  # DLPack refused it
-                raise TypeError(f"[{self.caller}] input {name!r}: its {type(x).__name__} could not "
-                                f"be taken through DLPack: {e}") from None
-            if t is None:
-                raise TypeError(f"[{self.caller}] input {name!r} must be a torch.Tensor, a NumPy "
-                                "array, an array with __dlpack__ or __cuda_array_interface__ (CuPy, "
-                                f"JAX...), or a Python bool/int/float; got {type(x).__name__}.")
+            t, from_numpy = array_input(x, f"input {name!r}", self.caller)
             numpy_in |= from_numpy
             if device is None:
                 device = t.device
@@ -370,14 +361,7 @@ class Kernel:
     def _shape(self, shape, i: int) -> tuple[int, ...]:
         if type(shape) in (tuple, torch.Size) and all(type(s) is int and s >= 0 for s in shape):
             return shape
-        try:
-            shape = tuple(map(arrays.integral, shape))
-        except TypeError:
-            shape = (-1,)
-        if any(s < 0 for s in shape):
-            raise ValueError(f"[{self.caller}] output_shapes[{i}] for {self.output_names[i]!r} must be "
-                             "a sequence of non-negative ints.")
-        return shape
+        return output_shape(shape, f"output_shapes[{i}] for {self.output_names[i]!r}", self.caller)
 
     def _param_names(self) -> set[str]:
         names = set(self.input_names) | set(self.output_names)
@@ -594,6 +578,39 @@ def _typed(values) -> tuple:
     """values with their types, as a memo key: 8 and 8.0 (equal, same hash) stay apart."""
     values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
     return (*values, *map(type, values))
+
+
+def listed(value, what: str, caller: str):
+    """A call's list argument as given (a list or a tuple), else TypeError."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"[{caller}] Expected `{what}` to be a list, got {type(value).__name__}.")
+    return value
+
+
+def array_input(x, what: str, caller: str) -> tuple[torch.Tensor, bool]:
+    """An array input as a torch tensor, and whether it came from NumPy (arrays.as_tensor);
+    TypeError saying what `what` may be where it is no array, or DLPack refuses it."""
+    try:
+        t, from_numpy = arrays.as_tensor(x)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:  # DLPack refused it
+        raise TypeError(f"[{caller}] {what}: its {type(x).__name__} could not be taken through "
+                        f"DLPack: {e}") from None
+    if t is None:
+        raise TypeError(f"[{caller}] {what} must be a torch.Tensor, a NumPy array, an array with "
+                        "__dlpack__ or __cuda_array_interface__ (CuPy, JAX...), or a Python "
+                        f"bool/int/float; got {type(x).__name__}.")
+    return t, from_numpy
+
+
+def output_shape(shape, what: str, caller: str) -> tuple[int, ...]:
+    """An output's shape: non-negative ints, anything integral (arrays.integral)."""
+    try:
+        shape = tuple(map(arrays.integral, shape))
+    except TypeError:
+        shape = (-1,)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"[{caller}] {what} must be a sequence of non-negative ints.")
+    return shape
 
 
 def dims(value, what: str, lowest: int, caller: str) -> tuple[int, int, int]:

@@ -21,7 +21,7 @@ import torch
 
 from . import arrays
 from .backends import get_backend
-from .kernel import dims, new_output
+from .kernel import array_input, dims, listed, new_output, output_shape
 
 CALLER = "precompiled_cuda_kernel"
 # Scalars as MLX passes them: a bool as a byte, an int as int32, a float as float32.
@@ -67,18 +67,19 @@ def precompiled_cuda_kernel(*, name: str, compiled_source: bytes, inputs: Sequen
     if not isinstance(name, str) or not name:
         raise TypeError(f"[{CALLER}] name must be the kernel's symbol, a non-empty str, got {name!r}.")
     binary = _module(compiled_source)
-    inputs = _listed(inputs, "inputs")
-    output_shapes, output_dtypes = _listed(output_shapes, "output_shapes"), _listed(output_dtypes, "output_dtypes")
+    inputs = listed(inputs, "inputs", CALLER)
+    output_shapes = listed(output_shapes, "output_shapes", CALLER)
+    output_dtypes = listed(output_dtypes, "output_dtypes", CALLER)
     if len(output_shapes) != len(output_dtypes):
         raise ValueError(f"[{CALLER}] Expected `output_dtypes` to have size {len(output_shapes)} (one "
                          f"per output shape) but got size {len(output_dtypes)}.")
-    params = [_scalar(s, i) for i, s in enumerate(_listed(scalars, "scalars"))]
+    params = [_scalar(s, i) for i, s in enumerate(listed(scalars, "scalars", CALLER))]
     tensors, device = _inputs(inputs)
     device = arrays.resolve_stream(stream, device)
     if device.type != "cuda":
         raise ValueError(f"[{CALLER}] runs on an NVIDIA GPU (compiled_source is GPU code), but the call "
                          f"is on {device}: pass CUDA tensors or stream=.")
-    shapes = [_shape(s, i) for i, s in enumerate(output_shapes)]
+    shapes = [output_shape(s, f"output_shapes[{i}]", CALLER) for i, s in enumerate(output_shapes)]
     out_dtypes = [_dtype(d, i) for i, d in enumerate(output_dtypes)]
     grid = dims(grid, "grid", 0, CALLER)
     group = dims(threadgroup, "threadgroup", 1, CALLER)
@@ -116,12 +117,6 @@ def _module(source) -> bytes:
     return source if binary or source.endswith(b"\0") else source + b"\0"
 
 
-def _listed(value, what: str) -> list:
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"[{CALLER}] Expected `{what}` to be a list, got {type(value).__name__}.")
-    return list(value)
-
-
 def _scalar(value, i: int):
     kind = _SCALAR_TYPES.get(type(value))
     if kind is None:
@@ -139,26 +134,13 @@ def _inputs(inputs) -> tuple[list[torch.Tensor], torch.device | None]:
         if arrays.is_scalar(x):
             tensors.append(torch.tensor(x, dtype=arrays.SCALAR_DTYPES[type(x)].torch))
             continue
-        t, _ = arrays.as_tensor(x)
-        if t is None:
-            raise TypeError(f"[{CALLER}] inputs[{i}] must be an array or a Python number, got "
-                            f"{type(x).__name__}.")
+        t, _ = array_input(x, f"inputs[{i}]", CALLER)
         if device is not None and t.device != device:
             raise ValueError(f"[{CALLER}] inputs are on different devices ({device} and {t.device}); "
                              "move them to one GPU first.")
         device = t.device
         tensors.append(t)
     return tensors, device
-
-
-def _shape(shape, i: int) -> tuple[int, ...]:
-    try:
-        got = tuple(map(arrays.integral, shape))
-    except TypeError:
-        got = (-1,)
-    if any(s < 0 for s in got):
-        raise ValueError(f"[{CALLER}] output_shapes[{i}] must be a sequence of non-negative ints, got {shape!r}.")
-    return got
 
 
 def _dtype(spec, i: int) -> arrays.DType:
