@@ -76,7 +76,7 @@ def test_cholesky_ex_info_as_lapack(device, path, n):
         kk.ops.cholesky(a[3])
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 7, 8, 9, 16, 17, 31])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 32])
 def test_cholesky_on_simd_groups_of_every_width(device, monkeypatch, n):
     """The SIMD-group path's lanes a matrix (n rounded up to a power of two) and its SIMD-groups
     shared by several matrices: 37 of them, no multiple of a SIMD-group's matrices, one failing."""

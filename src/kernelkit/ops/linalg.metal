@@ -7,6 +7,29 @@
 template <bool UPPER>
 inline ulong kk_at(uint i, uint j, uint n) { return UPPER ? ulong(j) * n + i : ulong(i) * n + j; }
 
+// Where element e of a span of whole n x n matrices lies in a stage whose rows are P + 1 apart, a
+// matrix every P rows: for a SIMD-group's lanes walking the span 32 elements at a time (e = lane,
+// lane + 32, ...; next() after each), so that device memory is read and written in whole lines.
+template <uint P>
+struct kk_staged_span {
+  uint n, m = 0, i = 0, j;
+  kk_staged_span(uint n, uint lane) : n(n), j(lane) { settle(); }
+  uint at() const { return (m * P + i) * (P + 1) + j; }
+  void next() {
+    j += 32;
+    settle();
+  }
+  void settle() {
+    while (j >= n) {
+      j -= n;
+      if (++i == n) {
+        i = 0;
+        ++m;
+      }
+    }
+  }
+};
+
 // LAPACK's dlarfg from x = (alpha, rest): amax the largest |rest|, squares the sum of
 // (rest / amax)^2 (||rest|| without overflow). Returns tau of H = I - tau v v^T with v = (1,
 // scale * rest) and H x = (beta, 0...); tau 0 (H = I) where rest is zero.
