@@ -314,6 +314,7 @@ MATH = [
     ("metal::precise::sin(y)", lambda x, y, ix: y.sin(), PRECISE),
     ("metal::precise::cos(y)", lambda x, y, ix: y.cos(), PRECISE),
     ("metal::precise::sqrt(x)", lambda x, y, ix: x.sqrt(), PRECISE),
+    ("metal::precise::rsqrt(x)", lambda x, y, ix: x.rsqrt(), PRECISE),
     ("metal::precise::pow(x, y)", lambda x, y, ix: x.pow(y), PRECISE),
     ("metal::precise::tanh(y)", lambda x, y, ix: y.tanh(), PRECISE),
     ("metal::fast::exp(y)", lambda x, y, ix: y.exp(), FAST),

@@ -42,8 +42,10 @@ for (uint k = 0; k < P; ++k) {
   const T pivot = simd_shuffle(x[k], ushort(first + k));
   if (failed == 0 && !(pivot > T(0))) failed = k + 1;
   const bool go = failed == 0;
-  const T d = metal::sqrt(pivot);
-  if (go) x[k] = r == k ? d : x[k] / d;  // L's column k (rows above k hold 0)
+  // L's column k (rows above k hold 0), scaled by 1 / L(k, k) as LAPACK's potf2 does: one
+  // reciprocal square root, where a square root and a division took most of the float64 kernel
+  const T inv = metal::rsqrt(pivot);
+  if (go) x[k] = (r == k ? pivot : x[k]) * inv;
 #pragma unroll
   for (uint j = k + 1; j < P; ++j) {
     if (j >= n) break;

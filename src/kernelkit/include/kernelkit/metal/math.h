@@ -108,8 +108,15 @@ KK_FN double cospi(double x) {
 }
 KK_FN float tanpi(float x) { return sinpi(x) / cospi(x); }
 KK_FN double tanpi(double x) { return sinpi(x) / cospi(x); }
+#if defined(KK_TARGET_CUDA)
+// CUDA's: rsqrtf within 2 ulp (Metal's bound for precise::rsqrt), rsqrt within 1; a square root
+// and a division cost several times more (float64 most)
+KK_FN float rsqrt(float x) { return ::rsqrtf(x); }
+KK_FN double rsqrt(double x) { return ::rsqrt(x); }
+#else
 KK_FN float rsqrt(float x) { return 1.0f / ::sqrtf(x); }
 KK_FN double rsqrt(double x) { return 1.0 / ::sqrt(x); }
+#endif
 KK_FN float exp10(float x) { return ::powf(10.0f, x); }
 KK_FN double exp10(double x) { return ::pow(10.0, x); }
 KK_FN float divide(float x, float y) { return x / y; }
