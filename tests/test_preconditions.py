@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kernelkit as kk
-from kernelkit.preconditions import FLOATS, Preconditions, dtype_names
+from kernelkit.preconditions import FLOATS, Preconditions, check_once, dtype_names
 
 
 def _rand(*shape, dtype=torch.float32, device="cpu"):
@@ -188,3 +188,34 @@ def test_ops_use_it(device):
     with pytest.raises(TypeError, match="^matmul_add_relu: rhs has dtype float64"):
         matmul_add_relu(torch.randn(2, 3, device=device), torch.randn(3, 2, device=device).double(),
                         torch.randn(2, device=device))
+
+
+def test_check_once_checks_each_signature_once():
+    """check_once runs a check once for each signature (a tensor's type, shape, dtype and device,
+    another argument's type and value); a failing check raises on every call; arguments that
+    cannot be hashed are checked every call."""
+    seen = []
+
+    def check(x, flag, extra=None):
+        seen.append((tuple(x.shape), x.dtype, flag))
+        pre = Preconditions("op")
+        pre.tensor("x", x, dtype=torch.float32)
+        pre.flag("flag", flag)
+
+    x = torch.randn(2, 3)
+    for _ in range(3):
+        check_once(check, x, True)
+    check_once(check, torch.randn(2, 3), True)  # another tensor of that signature
+    assert len(seen) == 1
+    check_once(check, torch.randn(3, 2), True)  # another shape
+    check_once(check, x, False)                 # another value
+    assert len(seen) == 3
+    for _ in range(2):
+        with pytest.raises(TypeError, match="^op: x has dtype float64"):
+            check_once(check, x.double(), True)
+        with pytest.raises(TypeError, match="^op: flag must be a bool"):
+            check_once(check, x, 1)
+    assert len(seen) == 7
+    check_once(check, x, True, [1])  # a list: no signature, checked every call
+    check_once(check, x, True, [1])
+    assert len(seen) == 9

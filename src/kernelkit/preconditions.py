@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["Preconditions", "FLOATS", "dtype_names"]
+__all__ = ["Preconditions", "FLOATS", "check_once", "dtype_names"]
 
 # The floating-point dtypes kernelkit's ops compute in.
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -43,6 +43,34 @@ def dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     """"float16, bfloat16, float32 or float64"."""
     names = [str(d).removeprefix("torch.") for d in dtypes]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+_CHECKED: set = set()  # the signatures check_once has seen pass (a bounded number)
+
+
+def check_once(check, *args) -> None:
+    """check(*args), once for each signature of the arguments: a tensor's type, shape, dtype and
+    device, any other argument's type and value. For checks that read no more than that (an op's
+    Preconditions), so that an op's repeated calls skip them: they cost a small call's host time
+    several times over. Arguments that cannot be hashed (or symbolic shapes) are checked every
+    call."""
+    key = [check]
+    for a in args:  # (a loop: a generator costs more, on every call)
+        if isinstance(a, torch.Tensor):
+            key += (type(a), a.shape, a.dtype, a.device)
+        else:
+            key += (type(a), a)
+    try:
+        key = tuple(key)
+        if key in _CHECKED:
+            return
+    except TypeError:
+        key = None
+    check(*args)
+    if key is not None:
+        if len(_CHECKED) >= 1024:
+            _CHECKED.clear()
+        _CHECKED.add(key)
 
 
 class Preconditions:

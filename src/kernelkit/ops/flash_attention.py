@@ -25,7 +25,7 @@ import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
 from ..arrays import aligned
-from ..preconditions import FLOATS, Preconditions
+from ..preconditions import FLOATS, Preconditions, check_once
 from . import hopper
 
 _HERE = Path(__file__)
@@ -362,25 +362,8 @@ def _gradients(q, k, v, o, lse, dout, dlse, causal: bool, scale: float | None, l
     return dq, dk, dv
 
 
-_CHECKED: set = set()  # the signatures of calls checked already (a few hundred at most)
-
-
-def _check_once(q, k, v, causal, scale, layout, return_lse) -> None:
-    """The op's checks, made once for each signature of a call: what they read of the arguments
-    (their types, shapes, dtypes and devices; the flags and scale as given) is its key."""
-    try:
-        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device,
-               k.device, v.device, type(causal), causal, type(scale), scale, layout, type(return_lse), return_lse)
-        if key in _CHECKED:
-            return
-        hash(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks say what
-        key = None
+def _check_call(q, k, v, causal, scale, layout, return_lse) -> None:
     _check(q, k, v, causal, scale, layout).flag("return_lse", return_lse)
-    if key is not None:
-        if len(_CHECKED) >= 512:
-            _CHECKED.clear()
-        _CHECKED.add(key)
 
 
 def flash_attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
@@ -428,7 +411,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return_lse=True also the log-sum-exp of each row of scaled scores, (B, H, Sq), float32
     (float64 for float64), differentiable too.
     """
-    _check_once(q, k, v, causal, scale, layout, return_lse)
+    check_once(_check_call, q, k, v, causal, scale, layout, return_lse)
     o, lse = _attention(q, k, v, causal=causal, scale=scale, layout=layout)
     return (o, lse) if return_lse else o
 

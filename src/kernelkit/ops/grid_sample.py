@@ -23,7 +23,7 @@ import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
 from ..arrays import aligned
-from ..preconditions import FLOATS, Preconditions
+from ..preconditions import FLOATS, Preconditions, check_once
 
 
 def _source(name: str) -> str:
@@ -391,7 +391,7 @@ def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     grid's gradient is zero, as torch's). float16/bfloat16 compute in float32. On a GPU the
     backward adds up with atomics: as torch's CUDA backward, its results can differ in the last
     bits from call to call."""
-    _check(x, grid, mode, padding_mode, align_corners)
+    check_once(_check, x, grid, mode, padding_mode, align_corners)
     # when a gradient will be wanted, the forward's kernel bins the points for the backward too
     binning = torch.is_grad_enabled() and (x.requires_grad or grid.requires_grad) and not _per_point(x.device)
     out = _grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners,

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import custom_function, metal_kernel
-from ..preconditions import Preconditions
+from ..preconditions import Preconditions, check_once
 from ..torch_ops import tracing
 
 _HERE = Path(__file__)
@@ -133,10 +133,17 @@ def _factor(a: torch.Tensor, upper: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return l, info
 
 
-def _check(name: str, A, upper) -> None:
+def _check(name: str, A, upper, check_errors=False) -> None:
     pre = Preconditions(name)
     pre.tensor("A", A, dtype=_DTYPES, shape=(..., "n", "n"))
     pre.flag("upper", upper)
+    pre.flag("check_errors", check_errors)
+
+
+def _check_qr(A, mode) -> None:
+    pre = Preconditions("qr")
+    pre.tensor("A", A, dtype=_DTYPES, shape=(..., "m", "n"))
+    pre.choice("mode", mode, _QR_MODES)
 
 
 @custom_function
@@ -146,10 +153,14 @@ def _cholesky_fn(A, upper=False, raise_as=None):
     batch, n = A.shape[:-2], A.shape[-1]
     if math.prod(batch) == 0 or n == 0:
         return A.new_zeros(A.shape), torch.zeros(batch, dtype=torch.int32, device=A.device)
-    L, info = _factor(A.reshape(-1, n, n).contiguous(), upper)
+    if A.dim() == 3 and A.is_contiguous():  # (the usual call: no view to make, each ~1 us)
+        L, info = _factor(A, upper)
+    else:
+        L, info = _factor(A.reshape(-1, n, n).contiguous(), upper)
+        L, info = L.view(A.shape), info.view(batch)
     if raise_as is not None and not tracing():  # (fake tensors, for torch.compile: no data)
-        _raise_for(info.view(batch), raise_as)
-    return L.view(A.shape), info.view(batch)
+        _raise_for(info, raise_as)
+    return L, info
 
 
 @_cholesky_fn.vjp
@@ -191,15 +202,14 @@ def cholesky_ex(A: torch.Tensor, *, upper: bool = False,
     returns U = L^T). info (..., int32): 0, or the order of the leading minor that is not
     positive-definite (L then holds the factorization as far as it got). check_errors=True raises
     torch.linalg.LinAlgError where an info is not 0 (a sync with the GPU). Differentiable in A."""
-    _check("cholesky_ex", A, upper)
-    Preconditions("cholesky_ex").flag("check_errors", check_errors)
+    check_once(_check, "cholesky_ex", A, upper, check_errors)
     return _cholesky_fn(A, upper=upper, raise_as="cholesky_ex" if check_errors else None)
 
 
 def cholesky(A: torch.Tensor, *, upper: bool = False) -> torch.Tensor:
     """L with A = L L^T, as torch.linalg.cholesky (see cholesky_ex); raises
     torch.linalg.LinAlgError where a matrix is not positive-definite (a sync with the GPU)."""
-    _check("cholesky", A, upper)
+    check_once(_check, "cholesky", A, upper)
     return _cholesky_fn(A, upper=upper, raise_as="cholesky")[0]
 
 
@@ -328,9 +338,7 @@ def qr(A: torch.Tensor, mode: str = "reduced") -> tuple[torch.Tensor, torch.Tens
     (..., m, n)) or "r" (R only; Q empty). Householder reflectors as LAPACK makes them, so Q and R
     match LAPACK's and cuSOLVER's signs. Differentiable as torch's: mode "reduced", or "complete"
     with m <= n."""
-    pre = Preconditions("qr")
-    pre.tensor("A", A, dtype=_DTYPES, shape=(..., "m", "n"))
-    pre.choice("mode", mode, _QR_MODES)
+    check_once(_check_qr, A, mode)
     return _qr_fn(A, mode=mode)
 
 
