@@ -114,16 +114,25 @@ def _build(spec, it):
 
 
 _ZERO: dict[tuple, torch.Tensor] = {}  # one zero per (dtype, device), seen by _zeros_like
+_ZEROS: dict[tuple, torch.Tensor] = {}  # its views by (dtype, device, shape): an expand costs ~3 us
 
 
 def _zeros_like(t: torch.Tensor) -> torch.Tensor:
     """Zeros shaped like t, as one element seen through every index (no memory filled). Shapes of
     more than one element share one zero per dtype and device (filling a new one is a kernel
-    launch per missing cotangent): writing into such a view fails (its elements overlap), and
-    the zero is made again if it was written all the same (its version counter moved)."""
+    launch per missing cotangent), and one view of it per shape: writing into such a view fails
+    (its elements overlap), and the zero is made again if it was written all the same (its
+    version counter, which its views share, moved)."""
     if t.numel() <= 1 or (t.is_cuda and torch.cuda.is_current_stream_capturing()):
         # (a CUDA graph's zero is its own: the shared one may be made again while it replays)
         return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+    try:
+        shaped = (t.dtype, t.device, t.shape)
+        view = _ZEROS.get(shaped)
+    except TypeError:  # a symbolic shape
+        shaped = view = None
+    if view is not None and not view._version:
+        return view
     key = (t.dtype, t.device)
     zero = _ZERO.get(key)
     if zero is None or zero._version:
@@ -138,7 +147,12 @@ def _zeros_like(t: torch.Tensor) -> torch.Tensor:
         else:
             zero = torch.zeros((), dtype=t.dtype, device=t.device)
         _ZERO[key] = zero
-    return zero.expand(t.shape)
+    view = zero.expand(t.shape)
+    if shaped is not None:
+        if len(_ZEROS) >= 256:
+            _ZEROS.clear()
+        _ZEROS[shaped] = view
+    return view
 
 
 def _missing(fun: "custom_function", rule: str, purpose: str) -> NotImplementedError:
@@ -485,8 +499,11 @@ class custom_function:
         # Keyword arguments are constants: autograd sees them (as leaves) only where they hold a
         # tensor, which torch.func must then unwrap, or where the ops carry them (tracing).
         kwargs_spec, held = None, kwargs
-        if kwargs and (tracing or any(isinstance(x, _HELD) for x in kwargs.values())):
-            kwargs_spec, held = _flatten(kwargs, leaves), {}
+        if kwargs:
+            for x in kwargs.values():  # (a loop: any() over a generator costs more, on every call)
+                if tracing or isinstance(x, _HELD):
+                    kwargs_spec, held = _flatten(kwargs, leaves), {}
+                    break
         tensor_at, recorded = [], False  # recorded: a tensor that autograd would record
         for i, x in enumerate(leaves):
             if isinstance(x, torch.Tensor):
