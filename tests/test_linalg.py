@@ -30,7 +30,7 @@ def path(request, monkeypatch):
     (32-column panels)."""
     serial = {"cpu": 1 << 30, "cuda": 1 << 30} if request.param == "serial" else {}
     monkeypatch.setattr(linalg, "SERIAL_MAX_N", {"cholesky": serial, "qr": serial})
-    monkeypatch.setattr(linalg, "SIMD_MAX_N", {"cpu": 32, "cuda": 32} if request.param == "simd" else {})
+    monkeypatch.setattr(linalg, "SIMD_MAX_N", {"cpu": 64, "cuda": 64} if request.param == "simd" else {})
     blocked = 1 if request.param == "blocked" else 1 << 30
     monkeypatch.setattr(linalg, "BLOCKED_MIN_N", blocked)
     monkeypatch.setattr(linalg, "QR_BLOCKED_MIN_N", {"cpu": blocked, "cuda": blocked})
@@ -76,11 +76,11 @@ def test_cholesky_ex_info_as_lapack(device, path, n):
         kk.ops.cholesky(a[3])
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 32])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 32, 33, 50, 64])
 def test_cholesky_on_simd_groups_of_every_width(device, monkeypatch, n):
     """The SIMD-group path's lanes a matrix (n rounded up to a power of two) and its SIMD-groups
     shared by several matrices: 37 of them, no multiple of a SIMD-group's matrices, one failing."""
-    monkeypatch.setattr(linalg, "SIMD_MAX_N", {"cpu": 32, "cuda": 32})
+    monkeypatch.setattr(linalg, "SIMD_MAX_N", {"cpu": 64, "cuda": 64})
     a = _spd((37,), n, device, torch.float32, seed=n)
     a[20, n // 2, n // 2] = -1.0
     L, info = kk.ops.cholesky_ex(a)

@@ -8,15 +8,15 @@ template <bool UPPER>
 inline ulong kk_at(uint i, uint j, uint n) { return UPPER ? ulong(j) * n + i : ulong(i) * n + j; }
 
 // Where element e of a span of whole n x n matrices lies in a stage whose rows are P + 1 apart, a
-// matrix every P rows: for a SIMD-group's lanes walking the span 32 elements at a time (e = lane,
-// lane + 32, ...; next() after each), so that device memory is read and written in whole lines.
-template <uint P>
+// matrix every P rows: for W lanes walking the span W elements at a time (e = lane, lane + W, ...;
+// next() after each), so that device memory is read and written in whole lines.
+template <uint P, uint W>
 struct kk_staged_span {
   uint n, m = 0, i = 0, j;
   kk_staged_span(uint n, uint lane) : n(n), j(lane) { settle(); }
   uint at() const { return (m * P + i) * (P + 1) + j; }
   void next() {
-    j += 32;
+    j += W;
     settle();
   }
   void settle() {

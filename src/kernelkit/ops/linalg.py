@@ -4,8 +4,9 @@
 - Cholesky (`cholesky.metal`): one threadgroup a matrix, the blocked right-looking algorithm in
   steps of NB = 32 columns (the notes' pattern: the diagonal block factored by one SIMD-group in
   threadgroup memory, the panel and the trailing update spread over the group's threads, barriers
-  between). On a GPU, matrices up to 32 x 32 take `cholesky_simd.metal` instead: a SIMD-group's
-  lanes a row each, each step's column shared by shuffles. Large matrices in small batches take two launches a step instead
+  between). On a GPU, matrices up to 64 x 64 take `cholesky_simd.metal` instead: a lane a row,
+  each step's column shared by shuffles within a SIMD-group (up to 32) or through threadgroup
+  memory across two (up to 64). Large matrices in small batches take two launches a step instead
   (`cholesky_panel.metal`, `cholesky_update.metal`), each spread over many threadgroups: the
   panel's rows, then the trailing triangle's tiles. Their shared parts: `cholesky_blocks.metal`.
 - QR (`qr.metal`): Householder reflectors as LAPACK's geqr2 / org2r make them, one threadgroup a
@@ -68,9 +69,11 @@ _qr_panel = _kernel("qr_panel", ["W", "first"], ["VT", "tfactor"], _QR_BLOCKS, e
 # type. Large matrices in small batches take the blocked Cholesky's steps (the whole device on
 # each step); the rest a threadgroup a matrix.
 SERIAL_MAX_N = {"cholesky": {"cpu": 128}, "qr": {"cpu": 1 << 62}}
-# Cholesky factors up to SIMD_MAX_N (by device type; 32 at most, a lane a row) take a SIMD-group's
-# lanes (on the CPU its lanes are fibers that switch at every shuffle: the serial kernel is faster).
-SIMD_MAX_N = {"cuda": 32}
+# Cholesky factors up to SIMD_MAX_N (by device type; 64 at most, a lane a row) take a SIMD-group's
+# lanes, or two SIMD-groups' past 32 (on the CPU its lanes are fibers that switch at every shuffle
+# and barrier: the serial kernel is faster). On the H200 it beats a threadgroup a matrix 2.8-9x
+# below 33 and 1.7-2.8x at 33-64 (bench/profile_cholesky_paths.py).
+SIMD_MAX_N = {"cuda": 64}
 BLOCKED_MIN_N = 256
 # QR of matrices whose smaller side reaches QR_BLOCKED_MIN_N (by device type) takes the blocked
 # steps: a panel kernel, then the panel's block reflector applied by GEMMs (torch.matmul). (On
@@ -108,11 +111,12 @@ def _factor(a: torch.Tensor, upper: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if _serial("cholesky", n, a.device):
         return _one_thread_each(_cholesky_serial, batch, inputs=[a], template=[("T", a.dtype), ("UPPER", upper)],
                                 output_shapes=[a.shape, (batch,)], output_dtypes=[a.dtype, torch.int32])
-    if n <= min(32, SIMD_MAX_N.get(a.device.type, 0)):
+    if n <= min(64, SIMD_MAX_N.get(a.device.type, 0)):
         p = 1 << (n - 1).bit_length()  # lanes a matrix
+        group = 64 if p > 32 else 128  # (a matrix a threadgroup past 32: cholesky_simd.metal)
         return _cholesky_simd(inputs=[a], template=[("T", a.dtype), ("P", p), ("UPPER", upper)],
                               output_shapes=[a.shape, (batch,)], output_dtypes=[a.dtype, torch.int32],
-                              grid=(32 * -(-batch * p // 32), 1, 1), threadgroup=(128, 1, 1))
+                              grid=(32 * -(-batch * p // 32), 1, 1), threadgroup=(group, 1, 1))
     template = [("T", a.dtype), ("NB", NB), ("TILE", TILE), ("UPPER", upper)]
     if not _blocked(n, batch, a.device):
         nt = _threads(n, a.device)
