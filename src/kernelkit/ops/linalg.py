@@ -71,8 +71,8 @@ _qr_panel = _kernel("qr_panel", ["W", "first"], ["VT", "tfactor"], _QR_BLOCKS, e
 SERIAL_MAX_N = {"cholesky": {"cpu": 128}, "qr": {"cpu": 1 << 62}}
 # Cholesky factors up to SIMD_MAX_N (by device type; 64 at most, a lane a row) take a SIMD-group's
 # lanes, or two SIMD-groups' past 32 (on the CPU its lanes are fibers that switch at every shuffle
-# and barrier: the serial kernel is faster). On the H200 it beats a threadgroup a matrix 2.8-9x
-# below 33 and 1.7-2.8x at 33-64 (bench/profile_cholesky_paths.py).
+# and barrier: the serial kernel is faster). On the H200 it beats a threadgroup a matrix 4-9x up
+# to 33 and 1.7-3.3x at 48-64 (bench/profile_cholesky_paths.py).
 SIMD_MAX_N = {"cuda": 64}
 BLOCKED_MIN_N = 256
 # QR of matrices whose smaller side reaches QR_BLOCKED_MIN_N (by device type) takes the blocked
