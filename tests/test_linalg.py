@@ -51,9 +51,10 @@ def test_cholesky_matches_torch(device, path, dtype, upper, batch, n):
     _close(out, torch.linalg.cholesky(a.double(), upper=upper), dtype)
 
 
-@pytest.mark.parametrize("n", [23, 70, 200])
+@pytest.mark.parametrize("n", [23, 50, 70, 200])
 def test_cholesky_ex_info_as_lapack(device, path, n):
-    """(n = 23: a SIMD-group's path; 200: the blocked steps' panel rows over several threadgroups.)"""
+    """(n = 23: a SIMD-group's path; 50: two SIMD-groups' lanes; 200: the blocked steps' panel
+    rows over several threadgroups.)"""
     a = _spd((4,), n, device)
     spd = a[2].clone()
     mid = min(40, n // 2)      # (40: in the second block)
