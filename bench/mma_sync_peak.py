@@ -14,6 +14,7 @@ import argparse
 import torch
 
 import kernelkit as kk
+from kernelkit.benchmarks import cuda_median_ms
 
 SOURCE = r"""
 const unsigned lane = threadIdx.x & 31;
@@ -50,20 +51,6 @@ def launch(k: int, iters: int, groups: int):
                   output_dtypes=[torch.float32])[0]
 
 
-def timed_ms(fn, reps: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end))
-    return best
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=4096)
@@ -72,11 +59,11 @@ def main() -> None:
     groups = 16 * sms
     rates = {}
     for k in (16, 8):
-        ms = timed_ms(lambda: launch(k, a.iters, groups))
+        ms = cuda_median_ms(lambda: launch(k, a.iters, groups), repeat=5, warmup=1)
         flop = 2 * 16 * 8 * k * 8 * a.iters * groups * (THREADS // 32)
         rates[k] = flop / ms / 1e9
     x, y = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    cublas = 2 * 8192 ** 3 / timed_ms(lambda: torch.matmul(x, y)) / 1e9
+    cublas = 2 * 8192 ** 3 / cuda_median_ms(lambda: torch.matmul(x, y), repeat=5, warmup=1) / 1e9
     print(f"{torch.cuda.get_device_name()}: TFLOP/s, bf16")
     print(f"cuBLAS (torch.matmul 8192^3)   {cublas:7.0f}")
     for k in (16, 8):

@@ -5,7 +5,7 @@
 For each batch x n and dtype: the lane-a-row kernel (cholesky_simd.metal: a SIMD-group's lanes,
 two SIMD-groups' past 32) and the threadgroup-a-matrix one (cholesky.metal) alone, the op with its
 error check (a sync), and torch.linalg.cholesky_ex / cholesky: µs a call, interleaved rounds timed
-with CUDA events (kernelkit.benchmarks.interleaved_ms); the lanes' relative error to float64.
+with CUDA events (kernelkit.benchmarks.interleaved_ms); the lanes' relative error to float64 (kernelkit.benchmarks.relative_error).
 """
 
 import importlib
@@ -13,7 +13,8 @@ import importlib
 import torch
 
 import kernelkit as kk
-from kernelkit.benchmarks import interleaved_ms
+from bench_linalg import _spd  # (this script's folder is on sys.path when it runs)
+from kernelkit.benchmarks import interleaved_ms, relative_error
 
 la = importlib.import_module("kernelkit.ops.linalg")
 CASES = ((16384, 16), (4096, 32), (2048, 33), (2048, 48), (2048, 64), (512, 64))
@@ -32,10 +33,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: µs a call (median of interleaved rounds)")
     for batch, n in CASES:
         for dt in (torch.float32, torch.float64):
-            x = torch.randn(batch, n, n, device="cuda", dtype=dt)
-            a = x @ x.mT + n * torch.eye(n, device="cuda", dtype=dt)
+            a = _spd(batch, n, dt, "cuda")
             L, _ = on_path(64, lambda: la._factor(a, False))()
-            err = ((L.double() - torch.linalg.cholesky(a.double())).abs().max() / a.abs().max()).item()
+            err = relative_error(L, torch.linalg.cholesky(a.double()))
             fns = {"lanes": on_path(64, lambda: la._factor(a, False)),
                    "threadgroup": on_path(0, lambda: la._factor(a, False)),
                    "kk cholesky": on_path(64, lambda: kk.ops.cholesky(a)),
