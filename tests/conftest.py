@@ -23,6 +23,13 @@ def device(request):
     return torch.device(request.param)
 
 
+# A Metal kernel that uses simdgroup_matrix numbers its lanes in mma.sync's order on an NVIDIA GPU
+# (target_cuda.h, KK_MMA_LANE_ORDER); this header turns that on, for tests of what lanes see.
+@pytest.fixture(params=["", "#include <metal_simdgroup_matrix>\n"], ids=["hardware-lanes", "mma-lanes"])
+def lane_order(request):
+    return request.param
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "host_only: its kernels need the host's C++ library "
                                        "(<vector>...): not compiled for sm_90")

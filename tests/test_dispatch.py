@@ -32,7 +32,7 @@ def _model(grid, group):
         gid = tuple(p // g for p, g in zip(pos, group))
         tid = tuple(p % g for p, g in zip(pos, group))
         size = tuple(min(g, n - i * g) for g, n, i in zip(group, grid, gid))
-        tindex = tid[0] + group[0] * (tid[1] + group[1] * tid[2])
+        tindex = tid[0] + size[0] * (tid[1] + size[1] * tid[2])  # over the (edge) group's own size
         nthreads, ndispatch = size[0] * size[1] * size[2], group[0] * group[1] * group[2]
         v = {
             "thread_position_in_grid": pos, "thread_position_in_threadgroup": tid,
@@ -59,12 +59,41 @@ def _model(grid, group):
     ((13, 7, 3), (8, 4, 2)),        # partial in every dimension
     ((9, 10, 1), (16, 3, 1)),       # clamped in x, partial in y
 ])
-def test_every_attribute_matches_metal(device, grid, group):
-    k = kk.metal_kernel(name="attrs", input_names=[], output_names=["out"], source=BODY)
+def test_every_attribute_matches_metal(device, grid, group, lane_order):
+    k = kk.metal_kernel(name="attrs", input_names=[], output_names=["out"], source=BODY, header=lane_order)
     n = grid[0] * grid[1] * grid[2]
     out = k(inputs=[], grid=grid, threadgroup=group, output_shapes=[(n, len(COLUMNS))],
             output_dtypes=[torch.uint32], stream=device)[0]
     assert torch.equal(out.cpu().to(torch.int64), _model(grid, group))
+
+
+# One partial sum a SIMD-group, then the first thread adds simdgroups_per_threadgroup of them: right
+# in the 2-D edge group too, whose SIMD-groups are cut from its own (smaller) size.
+SIMD_REDUCE_2D = """
+    uint3 g = thread_position_in_grid;
+    float v = x[g.y * threads_per_grid.x + g.x];
+    threadgroup float partial[32];
+    float s = simd_sum(v);
+    if (thread_index_in_simdgroup == 0) partial[simdgroup_index_in_threadgroup] = s;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (thread_index_in_threadgroup == 0) {
+        float t = 0;
+        for (uint k = 0; k < simdgroups_per_threadgroup; ++k) t += partial[k];
+        out[threadgroup_position_in_grid.y * threadgroups_per_grid.x + threadgroup_position_in_grid.x] = t;
+    }
+"""
+
+
+@pytest.mark.parametrize("grid,group", [((80, 2, 1), (64, 2, 1)), ((70, 3, 1), (32, 3, 1)), ((20, 5, 1), (16, 4, 1))])
+def test_simd_groups_of_a_2d_edge_group(device, grid, group, lane_order):
+    k = kk.metal_kernel(name="rowsum2d", input_names=["x"], output_names=["out"], source=SIMD_REDUCE_2D,
+                        header=lane_order)
+    x = torch.randint(-9, 10, (grid[1], grid[0]), device=device).float()
+    groups = (-(-grid[1] // group[1]), -(-grid[0] // group[0]))
+    out = k(inputs=[x], grid=grid, threadgroup=group, output_shapes=[groups], output_dtypes=[torch.float32],
+            init_value=-1)[0]
+    ref = torch.tensor([[c.double().sum() for c in r.split(group[0], dim=1)] for r in x.split(group[1])])
+    torch.testing.assert_close(out.double().cpu(), ref)
 
 
 REDUCE = """

@@ -28,12 +28,12 @@ BAD = {
     "threadgroup": [(0, 1, 1), (8.5, 1, 1), (False, 1, 1), (1, 0, 1), None, (np.bool_(True), 1, 1)],
     "output_shapes": [[(-1,)], [(8.0,)], [("8",)], [None], [(True,)], [(np.float64(2),)],
                       [(8,), (8,)], [], (8,)],
-    "output_dtypes": [[None], ["float128"], [torch.complex64], [object], [3], [], [torch.float32] * 2],
+    "output_dtypes": [[None], ["float128"], [torch.complex128], [object], [3], [], [torch.float32] * 2],
     "template": [[("T", None), ("N", 8)], [("T", torch.float32), ("N", 2.5)],
                  [("T", torch.float32), ("N", 2**40)], [("1T", torch.float32), ("N", 8)],
                  [("T", torch.float32), ("N", 8), ("N", 9)], [("T",)], "T", [("inp", 3), ("N", 8)]],
     "init_value": ["x", [1, 2], object(), [None, None]],
-    "inputs": [["not a tensor"], [None], [[1.0, 2.0]], [], [torch.zeros(2, dtype=torch.complex64)],
+    "inputs": [["not a tensor"], [None], [[1.0, 2.0]], [], [torch.zeros(2, dtype=torch.complex128)],
                [2**40]],
 }
 ERRORS = (TypeError, ValueError, OverflowError)

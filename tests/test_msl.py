@@ -288,6 +288,47 @@ def test_vector_types(device):
     assert torch.equal(oi.cpu(), ref_i)
 
 
+def test_swizzles_written_and_float16_literals(device):
+    """MSL §2.2.1: a swizzle on the left of `=` or a compound assignment writes its components (each
+    once; a repeated one is a compile error); §2.1: 0.5h / 0.5H half and 0.5bf / 0.5BF bfloat literals
+    (0xbf stays an int)."""
+    body = """
+    uint i = thread_position_in_grid.x;
+    float4 v = float4(a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]);
+    v.xy = float2(v.w, 9.0f);
+    v.wx += 1.0f;
+    v.zw *= float2(2, 3);
+    packed_float3 p = packed_float3(v.x, v.y, v.z);
+    p.zx = p.xy;
+    int4 m = int4(i);
+    m.yw <<= 2;
+    m.zy ^= int2(1, 2);
+    half h = 0.5h + 1.25H;
+    bfloat b = 2bf * 0.5BF;
+    float4 r = float4(v.xyz, v.w);
+    out[8 * i] = r.x; out[8 * i + 1] = r.y; out[8 * i + 2] = r.z; out[8 * i + 3] = r.w;
+    out[8 * i + 4] = p.z + 10.0f * p.x;
+    out[8 * i + 5] = float(m.y + m.z * 1000 + m.w * 100000);
+    out[8 * i + 6] = float(h) + float(b);
+    out[8 * i + 7] = float(0xbf);
+"""
+    k = kk.metal_kernel(name="swizzle_writes", input_names=["a"], output_names=["out"], source=body)
+    n = 40
+    a = torch.randint(-50, 50, (n, 4), device=device).float()
+    out = launch(k, device, [a], [(n, 8)], [torch.float32], (n, 1, 1), (32, 1, 1))[0].cpu().double()
+    x, y, z, w = a.cpu().double().unbind(1)
+    vx, vy, vz, vw = w + 1, torch.full_like(x, 9.0), z * 2, (w + 1) * 3   # v.xy = (w, 9); v.wx += 1; v.zw *= (2, 3)
+    i = torch.arange(n)
+    my, mz, mw = ((4 * i) ^ 2).double(), (i ^ 1).double(), (4 * i).double()  # m.yw <<= 2; m.zy ^= (1, 2)
+    ref = torch.stack([vx, vy, vz, vw, vx + 10 * vy, my + mz * 1000 + mw * 100000,
+                       torch.full_like(x, 2.75), torch.full_like(x, 191.0)], 1)
+    torch.testing.assert_close(out, ref)
+    repeated = kk.metal_kernel(name="swizzle_repeated", input_names=["a"], output_names=["out"],
+                               source="float4 v = 0; v.xx = float2(1, 2); out[0] = v.x;")
+    with pytest.raises(kk.CompileError, match="each component once"):
+        launch(repeated, device, [a], [(1,)], [torch.float32], (1, 1, 1), (1, 1, 1))
+
+
 # ---------------------------------------------------------------------------------------------
 # Math
 
@@ -425,6 +466,145 @@ def test_isnan_isinf(device, math_mode):
     assert torch.equal(fixed.cpu(), torch.where(v.isfinite(), v, 0.0))
 
 
+def _without_nan(vals):
+    return [v for v in vals if not math.isnan(v)]
+
+
+def _median3_choices(vals):
+    """What MSL allows fmedian3 to return: NaNs are missing data; with one NaN, either other value."""
+    keep = _without_nan(vals)
+    return {sorted(keep)[1]} if len(keep) == 3 else set(keep) if keep else {"nan"}
+
+
+def test_fmax3_fmin3_fmedian3(device):
+    cols = ["fmax3(x, y, z)", "fmin3(x, y, z)", "fmedian3(x, y, z)", "float(fmax3(hx, hy, hz))",
+            "float(metal::fmin3(bx, by, bz))", "float(precise::fmedian3(hx, hy, hz))",
+            "fmedian3(float3(y), float3(z), float3(x)).y",
+            "float(fmax3(half2(hx, hy), half2(hy, hz), half2(hz, hx)).y)",
+            "fmin3(x, 1, z)"]
+    body = """
+    uint i = thread_position_in_grid.x;
+    float x = xs[i], y = ys[i], z = zs[i];
+    half hx = half(x), hy = half(y), hz = half(z);
+    bfloat bx = bfloat(x), by = bfloat(y), bz = bfloat(z);
+""" + "".join(f"    out[i * {len(cols)} + {c}] = {e};\n" for c, e in enumerate(cols))
+    k = kk.metal_kernel(name="fmax3_fmin3_fmedian3", input_names=["xs", "ys", "zs"], output_names=["out"],
+                        source=body)
+    n = 64
+    xyz = torch.randn(3, n) * 4
+    xyz[:, :3] = torch.tensor([[1.0, 3.0, 2.0], [2.0, 1.0, 3.0], [3.0, 2.0, 1.0]]).t()  # the median in x, y, z
+    for r in range(8, n):  # NaNs in every pattern: bit j of r % 8 puts one in x, y or z
+        for j in range(3):
+            if (r % 8) >> j & 1:
+                xyz[j, r] = float("nan")
+    xyz[0, 16], xyz[1, 17] = float("inf"), -float("inf")
+    x, y, z = (t.to(device) for t in xyz)
+    out = launch(k, device, [x, y, z], [(n, len(cols))], [torch.float32], (n, 1, 1), (32, 1, 1))[0].cpu()
+    f32 = xyz.tolist()
+    f16 = xyz.half().double().tolist()
+    b16 = xyz.bfloat16().double().tolist()
+    for i in range(n):
+        v, h, b = [t[i] for t in f32], [t[i] for t in f16], [t[i] for t in b16]
+
+        def nan_or(op, vals):
+            keep = _without_nan(vals)
+            return {op(keep)} if keep else {"nan"}
+
+        expected = [nan_or(max, v), nan_or(min, v), _median3_choices(v), nan_or(max, h), nan_or(min, b),
+                    _median3_choices(h), _median3_choices([v[1], v[2], v[0]]), nan_or(max, [h[1], h[2], h[0]]),
+                    nan_or(min, [v[0], 1.0, v[2]])]
+        for c, (g, allowed) in enumerate(zip(out[i].tolist(), expected)):
+            assert ("nan" if math.isnan(g) else g) in allowed, f"row {i}: {cols[c]} = {g}, expected {allowed}"
+
+
+def _neighbours(dtype):
+    """Every value of a 16-bit float type but NaN and -0, ascending: [(value, bits)]."""
+    bits = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
+    vals = bits.view(dtype).double()
+    keep = ~vals.isnan() & (bits != -2**15)
+    pairs = sorted(zip(vals[keep].tolist(), bits[keep].tolist()))
+    return [v for v, _ in pairs], [b & 0xFFFF for _, b in pairs]
+
+
+def _nextafter_ref(x_bits, y_bits, dtype, table):
+    """C's nextafter on a 16-bit float type (bits in, bits out; None for NaN), from the sorted values."""
+    values, bits = table
+    x, y = (torch.tensor([b], dtype=torch.int32).to(torch.int16).view(dtype).item() for b in (x_bits, y_bits))
+    if math.isnan(x) or math.isnan(y):
+        return None
+    if x == y:
+        return y_bits
+    step = values.index(x) + (1 if y > x else -1)
+    if values[step] == 0:  # stepping to zero from a subnormal keeps x's sign
+        return 0x8000 if x < 0 else 0
+    return bits[step]
+
+
+def test_nextafter_half_bfloat(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    half hx = as_type<half>(xs[i]), hy = as_type<half>(ys[i]);
+    bfloat bx = as_type<bfloat>(xs[i]), by = as_type<bfloat>(ys[i]);
+    out[i * 3 + 0] = as_type<int16_t>(nextafter(hx, hy));
+    out[i * 3 + 1] = as_type<int16_t>(metal::nextafter(bx, by));
+    out[i * 3 + 2] = as_type<int16_t>(nextafter(half2(hy, hx), half2(hx, hy)).y);
+"""
+    k = kk.metal_kernel(name="nextafter16", input_names=["xs", "ys"], output_names=["out"], source=body)
+    # bit patterns, each read as half and as bfloat: +-0, the smallest subnormals, then half's +-1, 2,
+    # largest finite, +-infinity, NaN, then bfloat's; then random ones, half of them a few steps apart
+    special = [0x0000, 0x8000, 0x0001, 0x8001, 0x3C00, 0xBC00, 0x4000, 0x7BFF, 0x7C00, 0xFC00, 0x7E00,
+               0x3F80, 0xBF80, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0]
+    pairs = [(a, b) for a in special for b in special[:10]]
+    n = len(pairs) + 100
+    rand = torch.randint(0, 2**16, (2, 100))
+    rand[1, :50] = (rand[0, :50] + torch.randint(-3, 4, (50,))) % 2**16
+    xy = torch.tensor(pairs).t().tolist()
+    xs = torch.tensor(xy[0] + rand[0].tolist(), dtype=torch.int32).to(torch.int16)
+    ys = torch.tensor(xy[1] + rand[1].tolist(), dtype=torch.int32).to(torch.int16)
+    out = launch(k, device, [xs.to(device), ys.to(device)], [(n, 3)], [torch.int16], (n, 1, 1),
+                 (64, 1, 1))[0].cpu().int() & 0xFFFF
+    tables = {torch.float16: _neighbours(torch.float16), torch.bfloat16: _neighbours(torch.bfloat16)}
+    for i, (xb, yb) in enumerate(zip((xs.int() & 0xFFFF).tolist(), (ys.int() & 0xFFFF).tolist())):
+        for c, dtype in enumerate([torch.float16, torch.bfloat16, torch.float16]):
+            want = _nextafter_ref(xb, yb, dtype, tables[dtype])
+            got = out[i, c].item()
+            if want is None:
+                got_value = torch.tensor([got], dtype=torch.int32).to(torch.int16).view(dtype).item()
+                assert math.isnan(got_value), f"row {i} col {c}: {xb:#06x} {yb:#06x} -> {got:#06x}, expected NaN"
+            else:
+                assert got == want, \
+                    f"row {i} col {c}: nextafter({xb:#06x}, {yb:#06x}) = {got:#06x}, expected {want:#06x}"
+
+
+@pytest.mark.parametrize("math_mode", ["safe", "fast"])
+def test_geometric_precise_and_fast(device, math_mode):
+    # plain length/distance/normalize are fast::'s under "fast", precise::'s otherwise
+    cols = [("length(a)", FAST), ("fast::length(a)", FAST), ("precise::length(a)", PRECISE),
+            ("distance(a, b)", FAST), ("metal::fast::distance(a, b)", FAST), ("precise::distance(a, b)", PRECISE),
+            ("normalize(a).x", FAST), ("fast::normalize(a).y", FAST), ("metal::precise::normalize(a).z", PRECISE),
+            ("fast::length(float4(a, 2.0f))", FAST),
+            ("float(precise::length(half2(a.xy)))", dict(rtol=2e-3, atol=1e-3)),
+            ("float(fast::normalize(half3(a)).z)", dict(rtol=4e-3, atol=2e-3))]
+    body = """
+    uint i = thread_position_in_grid.x;
+    float3 a = float3(xs[3 * i], xs[3 * i + 1], xs[3 * i + 2]), b = float3(ys[3 * i], ys[3 * i + 1], ys[3 * i + 2]);
+""" + "".join(f"    out[i * {len(cols)} + {c}] = {e};\n" for c, (e, _) in enumerate(cols))
+    k = kk.metal_kernel(name="geometric_modes", input_names=["xs", "ys"], output_names=["out"], source=body,
+                        compile_options={"math_mode": math_mode})
+    n = 64
+    a, b = torch.randn(n, 3) * 3, torch.randn(n, 3) * 3
+    out = launch(k, device, [a.flatten().to(device), b.flatten().to(device)], [(n, len(cols))],
+                 [torch.float32], (n, 1, 1), (32, 1, 1))[0].cpu().double()
+    ad, bd = a.double(), b.double()
+    ah = a.half().double()
+    length = ad.norm(dim=1)
+    refs = [length, length, length, (ad - bd).norm(dim=1), (ad - bd).norm(dim=1), (ad - bd).norm(dim=1),
+            ad[:, 0] / length, ad[:, 1] / length, ad[:, 2] / length, (length**2 + 4).sqrt(),
+            ah[:, :2].norm(dim=1), ah[:, 2] / ah.norm(dim=1)]
+    for c, ((expr, tol), ref) in enumerate(zip(cols, refs)):
+        torch.testing.assert_close(out[:, c], ref, rtol=tol["rtol"], atol=tol["atol"], msg=expr)
+
+
 def test_as_type(device):
     body = """
     uint i = thread_position_in_grid.x;
@@ -495,6 +675,83 @@ def test_integer_functions(device):
     assert out.cpu().tolist() == rows
 
 
+INT_TYPES = {"int8_t": (8, True), "uchar": (8, False), "short": (16, True), "ushort": (16, False),
+             "int": (32, True), "uint": (32, False), "long": (64, True), "ulong": (64, False)}
+
+
+def wrap(v, bits, signed):
+    """v as a `bits`-wide integer, two's complement when signed (C's conversion)."""
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if signed and v >> (bits - 1) else v
+
+
+def extract_bits_ref(x, offset, bits, signed):
+    if bits == 0:
+        return 0
+    return wrap(x >> offset, bits, signed)
+
+
+def test_madsat_absdiff_and_vector_bit_functions(device):
+    # madsat saturates the exact a*b+c once; absdiff returns the unsigned type (MSL's Tu), exact at
+    # the extremes; extract_bits / insert_bits take vectors too.
+    cols = [f"madsat({t}(a), {t}(b), {t}(c))" for t in INT_TYPES] + [
+        f"absdiff({t}(a), {t}(b))" for t in INT_TYPES] + [
+        "madsat(int2(a, c), int2(b, b), int2(c, a)).x", "madsat(ulong3(c, b, a), ulong3(b), ulong3(a, c, c)).z",
+        "absdiff(short2(a, b), short2(b, a)).y", "absdiff(long4(a), long4(b)).w",
+        "extract_bits(int2(a, b), off, nb).y", "extract_bits(uint3(a, b, c), off, nb).z",
+        "insert_bits(uint2(a, b), uint2(c), off, nb).y", "insert_bits(int4(c, a, b, a), int4(b), off, nb).x",
+        "extract_bits(int(a), off, nb)"]
+    body = columns_body("""
+    uint i = thread_position_in_grid.x;
+    int64_t a = as[i], b = bs[i], c = cs[i];
+    uint off = uint(offs[i]), nb = uint(nbs[i]);
+    static_assert(is_same_v<decltype(absdiff(1, 2)), uint>, "absdiff(int, int) is uint");
+    static_assert(is_same_v<decltype(absdiff(int8_t(1), int8_t(2))), uchar>, "absdiff(int8_t, int8_t) is uchar");
+    static_assert(is_same_v<decltype(absdiff(long(1), long(2))), ulong>, "absdiff(long, long) is ulong");
+    static_assert(is_same_v<decltype(absdiff(int2(1), int2(2))), uint2>, "absdiff(int2, int2) is uint2");
+""", "out", cols)
+    k = kk.metal_kernel(name="madsat_absdiff", input_names=["as", "bs", "cs", "offs", "nbs"],
+                        output_names=["out"], source=body)
+    edge = [(-0x10000, 0x10000, 1), (-0x10000, -0x10000, -5), (0x10000, 0x10000, 0),
+            (2**62, 2, -1), (-2**62, 2, 0), (-2**62, 2, -1), (-2**63, -1, 0), (-2**63, 1, -1),
+            (2**32 - 1, 2**32 + 1, 0), (2**32 - 1, 2**32 + 1, 1), (2**32, 2**32, -1), (-1, -1, -1),
+            (-128, 127, 0), (-2**15, 2**15 - 1, 0), (-2**31, 2**31 - 1, 0), (-2**63, 2**63 - 1, 5)]
+    n = 256
+    abc = torch.randint(-2**62, 2**62, (3, n), dtype=torch.int64) * 2
+    abc = abc >> torch.randint(0, 64, (3, n))  # all bit lengths
+    abc[:, :len(edge)] = torch.tensor(edge).t()
+    off = torch.randint(0, 32, (n,), dtype=torch.int32)
+    nb = (torch.rand(n) * (33 - off)).int().clamp(max=32 - off)
+    a, b, c = (t.to(device) for t in abc)
+    out = launch(k, device, [a, b, c, off.to(device), nb.to(device)], [(n, len(cols))], [torch.int64],
+                 (n, 1, 1), (64, 1, 1))[0]
+    rows = []
+    for (av, bv, cv), o, w in zip(abc.t().tolist(), off.tolist(), nb.tolist()):
+        row = []
+        for bits, signed in INT_TYPES.values():
+            x, y, z = (wrap(v, bits, signed) for v in (av, bv, cv))
+            lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+            row.append(wrap(min(max(x * y + z, lo), hi), 64, True))
+        for bits, signed in INT_TYPES.values():
+            x, y = wrap(av, bits, signed), wrap(bv, bits, signed)
+            row.append(wrap(abs(x - y), 64, True))
+        ai, bi, ci = (wrap(v, 32, True) for v in (av, bv, cv))
+        ua, ub, uc = (wrap(v, 32, False) for v in (av, bv, cv))
+        mask = ((1 << w) - 1) << o
+        row += [min(max(ai * bi + ci, -2**31), 2**31 - 1),
+                wrap(min(wrap(av, 64, False) * wrap(bv, 64, False) + wrap(cv, 64, False), 2**64 - 1), 64, True),
+                abs(wrap(bv, 16, True) - wrap(av, 16, True)),
+                wrap(abs(av - bv), 64, True),
+                extract_bits_ref(bi, o, w, True), extract_bits_ref(uc, o, w, False),
+                (ub & ~mask) | ((uc << o) & mask) & 0xFFFFFFFF,
+                wrap((wrap(ci, 32, False) & ~mask) | ((wrap(bi, 32, False) << o) & mask), 32, True),
+                extract_bits_ref(ai, o, w, True)]
+        rows.append(row)
+    got = out.cpu().tolist()
+    for i, (g, r) in enumerate(zip(got, rows)):
+        assert g == r, [(cols[j], g[j], r[j]) for j in range(len(cols)) if g[j] != r[j]][:4] + [i]
+
+
 def test_numeric_limits(device):
     body = """
     of[0] = metal::numeric_limits<float>::max();
@@ -531,6 +788,93 @@ def test_numeric_limits(device):
     assert oh.cpu().tolist() == [hi.max, hi.tiny, -hi.max, hi.eps, inf]
     assert oi.cpu().tolist() == [2**31 - 1, -2**31, -2**31, 0, 2**32 - 1, 0, 0, 2**63 - 1]
     assert ob.cpu().tolist() == [bi.max, bi.eps]
+
+
+LIMIT_MEMBERS = ["radix", "digits", "digits10", "max_digits10", "min_exponent", "min_exponent10",
+                 "max_exponent", "max_exponent10", "is_iec559", "is_exact", "is_modulo", "is_bounded",
+                 "has_signaling_NaN", "has_denorm", "round_style"]
+LIMIT_TYPES = {"float": torch.float32, "half": torch.float16, "bfloat": torch.bfloat16,
+               "double": torch.float64, "int": torch.int32, "uint": torch.uint32, "short": torch.int16,
+               "uchar": torch.uint8, "long": torch.int64, "ulong": torch.uint64, "bool": torch.bool}
+
+
+def std_limits(dtype):
+    """std::numeric_limits' members for a torch dtype, from finfo/iinfo and <float.h>'s definitions."""
+    log2 = math.log10(2)
+    if dtype == torch.bool:
+        return dict(radix=2, digits=1, digits10=0, max_digits10=0, min_exponent=0, min_exponent10=0,
+                    max_exponent=0, max_exponent10=0, is_iec559=0, is_exact=1, is_modulo=0,
+                    is_bounded=1, has_signaling_NaN=0, has_denorm=0, round_style=0)
+    if dtype.is_floating_point:
+        fi = torch.finfo(dtype)
+        digits = round(1 - math.log2(fi.eps))
+        return dict(radix=2, digits=digits, digits10=math.floor((digits - 1) * log2),
+                    max_digits10=math.ceil(1 + digits * log2), min_exponent=math.frexp(fi.tiny)[1],
+                    min_exponent10=math.ceil(math.log10(fi.tiny)), max_exponent=math.frexp(fi.max)[1],
+                    max_exponent10=math.floor(math.log10(fi.max)), is_iec559=1, is_exact=0, is_modulo=0,
+                    is_bounded=1, has_signaling_NaN=1, has_denorm=1, round_style=1)
+    ii = torch.iinfo(dtype)
+    digits = ii.bits - (ii.min < 0)
+    return dict(radix=2, digits=digits, digits10=math.floor(digits * log2), max_digits10=0, min_exponent=0,
+                min_exponent10=0, max_exponent=0, max_exponent10=0, is_iec559=0, is_exact=1,
+                is_modulo=int(ii.min == 0), is_bounded=1, has_signaling_NaN=0, has_denorm=0, round_style=0)
+
+
+BF_CONSTANTS = {"MAXBFLOAT": torch.finfo(torch.bfloat16).max, "HUGE_VALBF": math.inf, "M_E_BF": math.e,
+                "M_LOG2E_BF": math.log2(math.e), "M_LOG10E_BF": math.log10(math.e), "M_LN2_BF": math.log(2),
+                "M_LN10_BF": math.log(10), "M_PI_BF": math.pi, "M_PI_2_BF": math.pi / 2, "M_PI_4_BF": math.pi / 4,
+                "M_1_PI_BF": 1 / math.pi, "M_2_PI_BF": 2 / math.pi, "M_2_SQRTPI_BF": 2 / math.sqrt(math.pi),
+                "M_SQRT2_BF": math.sqrt(2), "M_SQRT1_2_BF": math.sqrt(0.5)}
+
+
+def test_numeric_limits_members_bfloat_constants_and_bool(device):
+    header = "inline int takes_bool(bool b) { return b ? 1 : 0; }\n"
+    limits = [f"numeric_limits<{t}>::{m}" for t in LIMIT_TYPES for m in LIMIT_MEMBERS]
+    bools = ["b0", "b1", "b2", "b3", "b4", "takes_bool(hh)", "takes_bool(bz)"]  # half/bfloat -> bool implicitly
+    body = """
+    static_assert(numeric_limits<half>::max_exponent == 16, "usable in constant expressions");
+    half hz = half(0.0f), hn = -hz, hh = half(0.5f), hnan = half(NAN);
+    bfloat bb = bfloat(-2.0f), bz = bfloat(0.0f);
+    bool b0 = hz, b1 = hn, b2 = hh, b3 = hnan, b4 = bb;  // as from float
+""" + "".join(f"    oi[{c}] = {e};\n" for c, e in enumerate(bools)) \
+        + "".join(f"    oi[{len(bools) + c}] = {e};\n" for c, e in enumerate(limits)) \
+        + "".join(f"    ob[{c}] = {e};\n" for c, e in enumerate(BF_CONSTANTS))
+    k = kk.metal_kernel(name="limits_members", input_names=[], output_names=["oi", "ob"], source=body,
+                        header=header)
+    oi, ob = launch(k, device, [], [(len(bools) + len(limits),), (len(BF_CONSTANTS),)],
+                    [torch.int64, torch.bfloat16], (1, 1, 1), (1, 1, 1))
+    oi = oi.cpu().tolist()
+    assert oi[:len(bools)] == [0, 0, 1, 1, 1, 1, 0]
+    expected = [std_limits(d)[m] for d in LIMIT_TYPES.values() for m in LIMIT_MEMBERS]
+    wrong = [(e, g, w) for e, g, w in zip(limits, oi[len(bools):], expected) if g != w]
+    assert not wrong, wrong
+    ref = torch.tensor(list(BF_CONSTANTS.values()), dtype=torch.float64).bfloat16()
+    assert torch.equal(ob.cpu(), ref)
+
+
+INT_LIMITS = {"CHAR_BIT": 8, "SCHAR_MAX": 127, "SCHAR_MIN": -128, "UCHAR_MAX": 255, "CHAR_MAX": 127,
+              "CHAR_MIN": -128, "SHRT_MAX": 2**15 - 1, "SHRT_MIN": -2**15, "USHRT_MAX": 2**16 - 1,
+              "INT_MAX": 2**31 - 1, "INT_MIN": -2**31, "UINT_MAX": 2**32 - 1, "LONG_MAX": 2**63 - 1,
+              "LONG_MIN": -2**63}
+
+
+INT_LIMITS_BODY = "".join(f"    out[{c}] = int64_t({m});\n" for c, m in enumerate(INT_LIMITS)) + \
+    f"    out[{len(INT_LIMITS)}] = int64_t(ULONG_MAX == 18446744073709551615UL);\n"
+
+
+def test_integer_limit_macros(device):
+    """The C library's integer limits, as Metal's SDK defines them (long: 64 bits)."""
+    k = kk.metal_kernel(name="int_limits", input_names=[], output_names=["out"], source=INT_LIMITS_BODY)
+    out = launch(k, device, [], [(len(INT_LIMITS) + 1,)], [torch.int64], (1, 1, 1), (1, 1, 1))[0]
+    assert out.cpu().tolist() == [*INT_LIMITS.values(), 1]
+
+
+@pytest.mark.host_only
+def test_integer_limit_macros_beside_climits():
+    k = kk.metal_kernel(name="int_limits", input_names=[], output_names=["out"], source=INT_LIMITS_BODY,
+                        header="#include <climits>\n")
+    out = launch(k, torch.device("cpu"), [], [(len(INT_LIMITS) + 1,)], [torch.int64], (1, 1, 1), (1, 1, 1))[0]
+    assert out.tolist() == [*INT_LIMITS.values(), 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -914,6 +1258,18 @@ def _src(width, fn):
     return lambda L: L.at("x", fn(L.lane, width))
 
 
+def _fill(delta, modulo, fill, up):
+    """*_shuffle_and_fill_{up,down}: in windows of `modulo` lanes, lane i reads x of lane i -/+ delta,
+    or, where that falls outside the window, fill(x) of the lane as far in from the other end."""
+    def model(L):
+        li = L.lane % modulo
+        src = L.lane - li + ((li - delta) if up else (li + delta)) % modulo
+        own = li >= delta if up else li + delta < modulo
+        v = L.at("x", src)
+        return None if v is None else v if own else fill(v)
+    return model
+
+
 SIMD_INT = [
     ("simd_sum(x)", lambda L: sum(L.values("x"))),
     ("simd_product(p)", lambda L: _prod(L.values("p"))),
@@ -934,6 +1290,8 @@ SIMD_INT = [
     ("simd_shuffle_rotate_up(x, 3)", _src(32, lambda i, w: (i - 3) % 32)),
     ("simd_shuffle_rotate_down(x, 7)", _src(32, lambda i, w: (i + 7) % 32)),
     ("simd_broadcast(x, 2)", lambda L: L.at("x", 2)),
+    ("simd_shuffle_and_fill_up(x, x + 1000, 3)", _fill(3, 32, lambda v: v + 1000, True)),
+    ("simd_shuffle_and_fill_down(x, -x, 5, 8)", _fill(5, 8, lambda v: -v, False)),
     ("simd_broadcast_first(x)", lambda L: L.at("x", L.active[0])),
     ("static_cast<uint64_t>(simd_ballot(x > 0))", lambda L: L.ballot(lambda x: x > 0)),
     ("simd_ballot(x > -45).all()", lambda L: int(all(x > -45 for x in L.values("x")))),
@@ -988,11 +1346,11 @@ SIMD_PRELUDE = """
 
 @pytest.mark.parametrize("n,group", [(256, 128), (200, 80), (45, 64)],
                          ids=["full", "partial-simdgroups", "one-partial-group"])
-def test_simd_functions(device, n, group):
+def test_simd_functions(device, n, group, lane_order):
     body = columns_body(SIMD_PRELUDE, "oi", [e for e, _ in SIMD_INT]) + "".join(
         f"    of[i * {len(SIMD_FLOAT)} + {c}] = float({e});\n" for c, (e, _) in enumerate(SIMD_FLOAT))
     k = kk.metal_kernel(name="simd_functions", input_names=["xs", "us", "ps", "ys"],
-                        output_names=["oi", "of"], source=body)
+                        output_names=["oi", "of"], source=body, header=lane_order)
     inputs, data = simd_inputs(n, device)
     oi, of = launch(k, device, inputs, [(n, len(SIMD_INT)), (n, len(SIMD_FLOAT))],
                     [torch.int64, torch.float32], (n, 1, 1), (group, 1, 1))
@@ -1020,6 +1378,9 @@ QUAD_INT = [
     ("quad_shuffle_rotate_up(x, 1)", _src(4, lambda i, w: (i - 1) % 4)),
     ("quad_shuffle_rotate_down(x, 3)", _src(4, lambda i, w: (i + 3) % 4)),
     ("quad_broadcast(x, 1)", lambda L: L.at("x", 1)),
+    ("quad_shuffle_and_fill_down(x, x + 1000, 3)", _fill(3, 4, lambda v: v + 1000, False)),
+    ("quad_shuffle_and_fill_down(x, x + 1000, ushort(1), ushort(2))", _fill(1, 2, lambda v: v + 1000, False)),
+    ("quad_shuffle_and_fill_up(x, -x, 1u, 2u)", _fill(1, 2, lambda v: -v, True)),
     ("quad_broadcast_first(x)", lambda L: L.at("x", L.active[0])),
     ("static_cast<ushort>(quad_ballot(x > 0))", lambda L: L.ballot(lambda x: x > 0)),
     ("quad_all(x > -30)", lambda L: int(all(x > -30 for x in L.values("x")))),
@@ -1032,14 +1393,14 @@ QUAD_INT = [
 
 
 @pytest.mark.parametrize("n,group", [(128, 64), (173, 30)], ids=["full", "partial-quads"])
-def test_quad_functions(device, n, group):
+def test_quad_functions(device, n, group, lane_order):
     prelude = SIMD_PRELUDE + """
     uint qlane = thread_index_in_quadgroup;
     uint q_size = min(4u, threads_per_threadgroup.x - quadgroup_index_in_threadgroup * 4u);
 """
     body = columns_body(prelude, "oi", [e for e, _ in QUAD_INT])
     k = kk.metal_kernel(name="quad_functions", input_names=["xs", "us", "ps", "ys"],
-                        output_names=["oi"], source=body)
+                        output_names=["oi"], source=body, header=lane_order)
     inputs, data = simd_inputs(n, device)
     oi = launch(k, device, inputs, [(n, len(QUAD_INT))], [torch.int64], (n, 1, 1), (group, 1, 1))[0]
     check_rows(oi, group_model(data, windows_1d(n, group, 4), QUAD_INT, n), QUAD_INT)
@@ -1074,7 +1435,7 @@ KEEP = {
 
 
 @pytest.mark.parametrize("mode", list(KEEP), ids=["lanes-below-20", "holes", "odd-values-return"])
-def test_simd_active_lanes_after_early_return(device, mode):
+def test_simd_active_lanes_after_early_return(device, mode, lane_order):
     cols = EARLY + QUAD_EARLY
     prelude = SIMD_PRELUDE + f"""
     for (int c = 0; c < {len(cols)}; ++c) oi[i * {len(cols)} + c] = -7;
@@ -1083,7 +1444,7 @@ def test_simd_active_lanes_after_early_return(device, mode):
 """
     body = columns_body(prelude, "oi", [e for e, _ in cols])
     k = kk.metal_kernel(name="simd_early_return", input_names=["xs", "us", "ps", "ys", "mode"],
-                        output_names=["oi"], source=body)
+                        output_names=["oi"], source=body, header=lane_order)
     n, group = 200, 96  # partial groups too: 96 = 32 * 3, last group of 8
     inputs, data = simd_inputs(n, device)
     oi = launch(k, device, inputs + [mode], [(n, len(cols))], [torch.int64], (n, 1, 1), (group, 1, 1))[0]

@@ -277,7 +277,7 @@ def _attribute_model(grid, group):
                 gid = tuple(p // g for p, g in zip(pos, group))
                 tid = tuple(p % g for p, g in zip(pos, group))
                 size = tuple(min(g, n - i * g) for g, n, i in zip(group, grid, gid))
-                tindex = tid[0] + group[0] * (tid[1] + group[1] * tid[2])
+                tindex = tid[0] + size[0] * (tid[1] + size[1] * tid[2])  # over the (edge) group's own size
                 nthreads, ndispatch = math.prod(size), math.prod(group)
                 rows.append({
                     "thread_position_in_grid": pos, "thread_position_in_threadgroup": tid,

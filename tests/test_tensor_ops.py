@@ -303,6 +303,131 @@ def test_simdgroup_matrix_gemm(device, dtype, acc):
     torch.testing.assert_close(extra.double(), 2 * a[:8, :8].double().T, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("threads", [64, 40], ids=["whole-warps", "partial-warp"])
+def test_simdgroup_matrix_in_either_lane_order(device, threads):
+    """A threadgroup of whole warps runs its lanes in mma.sync's order, one with a partial warp in the
+    hardware's (its first SIMD-group is whole and multiplies): both give the product, and the lanes'
+    own numbering is Metal's either way."""
+    body = """
+  const uint lane = thread_index_in_simdgroup;
+  lanes[thread_index_in_threadgroup] = simd_shuffle(lane, (lane + 5) % 32u);
+  if (simdgroup_index_in_threadgroup != 0) return;
+  simdgroup_matrix<T, 8, 8> x, y, z;
+  simdgroup_load(x, a, 8);
+  simdgroup_load(y, b, 8, ulong2(0, 0), true);   // b transposed
+  simdgroup_multiply(z, x, y);
+  simdgroup_store(z, c, 8);
+"""
+    k = kk.metal_kernel("tops_sg_lane_orders", ["a", "b"], ["c", "lanes"], body,
+                        header="#include <metal_simdgroup_matrix>\n")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        a, b = (torch.randn(8, 8, device=device).to(dtype) for _ in range(2))
+        c, lanes = k(inputs=[a, b], output_shapes=[(8, 8), (threads,)], output_dtypes=[dtype, torch.int32],
+                     grid=(threads, 1, 1), threadgroup=(threads, 1, 1), template=[("T", dtype)], init_value=-1)
+        tol = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 8e-2}[dtype]
+        torch.testing.assert_close(c.double(), a.double() @ b.double().T, rtol=tol, atol=tol)
+        t = torch.arange(threads)
+        size = torch.clamp(threads - t // 32 * 32, max=32)  # the SIMD-group's lanes
+        want = torch.where((t % 32 + 5) % 32 < size, t // 32 * 32 + (t % 32 + 5) % 32, t) % 32
+        assert torch.equal(lanes.cpu(), want.int())
+
+
+# MLX's steel GEMM (mlx/backend/metal/kernels/steel/gemm: BlockMMA, MMATile, BaseMMAFrag) as a body:
+# 64 x 64 x 16 threadgroup tiles staged in threadgroup memory (rows padded by 16 bytes, 16-byte
+# vector copies), 2 x 2 SIMD-groups of 4 x 4 float fragments each, fragments filled from
+# threadgroup memory at get_coord's place, simdgroup_multiply_accumulate in serpentine order.
+STEEL_HEADER = """#include <metal_simdgroup_matrix>
+struct Frag {  // BaseMMAFrag<float, 8, 8>
+  typedef simdgroup_matrix<float, 8, 8> mat_type;
+  typedef vec<float, 2> frag_type;
+  static short2 get_coord(ushort simd_lane_id) {
+    const short qid = simd_lane_id / 4;
+    const short fm = (qid & 4) + ((simd_lane_id / 2) % 4);
+    const short fn = (qid & 2) * 2 + (simd_lane_id % 2) * 2;
+    return short2{fn, fm};
+  }
+  static void mma(thread frag_type& D, thread frag_type& A, thread frag_type& B, thread frag_type& C) {
+    mat_type D_mat, A_mat, B_mat, C_mat;
+    reinterpret_cast<thread frag_type&>(A_mat.thread_elements()) = A;
+    reinterpret_cast<thread frag_type&>(B_mat.thread_elements()) = B;
+    reinterpret_cast<thread frag_type&>(C_mat.thread_elements()) = C;
+    simdgroup_multiply_accumulate(D_mat, A_mat, B_mat, C_mat);
+    D = reinterpret_cast<thread frag_type&>(D_mat.thread_elements());
+  }
+};
+struct alignas(16) ReadVector { uint8_t v[16]; };
+#define STEEL_PRAGMA_UNROLL _Pragma("clang loop unroll(full)")
+"""
+STEEL_GEMM = """
+  constexpr short BM = 64, BN = 64, BK = 16, WM = 2, WN = 2, PAD = 16 / sizeof(T);
+  constexpr short TM = BM / (8 * WM), TN = BN / (8 * WN), LDA = BK + PAD, LDB = BN + PAD;
+  constexpr short VEC = 16 / sizeof(T);
+  threadgroup T As[BM * LDA];
+  threadgroup T Bs[BK * LDB];
+  const ushort lane = thread_index_in_simdgroup, sg = simdgroup_index_in_threadgroup;
+  const ushort tid = thread_index_in_threadgroup;
+  const int K = a_shape[1], N = b_shape[1];
+  const int m0 = threadgroup_position_in_grid.y * BM, n0 = threadgroup_position_in_grid.x * BN;
+  const short2 coord = Frag::get_coord(lane);
+  const short sm = 8 * (sg / WN) + coord.y, sn = 8 * (sg % WN) + coord.x;
+  Frag::frag_type Ctile[TM * TN];
+  STEEL_PRAGMA_UNROLL
+  for (short i = 0; i < TM * TN; ++i) Ctile[i] = Frag::frag_type(0);
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (short v = tid; v < BM * BK / VEC; v += 32 * WM * WN) {
+      const short r = v / (BK / VEC), c = (v % (BK / VEC)) * VEC;
+      *((threadgroup ReadVector*)(&As[r * LDA + c])) = *((const device ReadVector*)(&a[(m0 + r) * K + k0 + c]));
+    }
+    for (short v = tid; v < BK * BN / VEC; v += 32 * WM * WN) {
+      const short r = v / (BN / VEC), c = (v % (BN / VEC)) * VEC;
+      *((threadgroup ReadVector*)(&Bs[r * LDB + c])) = *((const device ReadVector*)(&b[(k0 + r) * N + n0 + c]));
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    STEEL_PRAGMA_UNROLL
+    for (short kk = 0; kk < BK; kk += 8) {
+      simdgroup_barrier(mem_flags::mem_none);
+      Frag::frag_type Atile[TM], Btile[TN];
+      STEEL_PRAGMA_UNROLL
+      for (short i = 0; i < TM; ++i)
+        STEEL_PRAGMA_UNROLL
+        for (short j = 0; j < 2; ++j) Atile[i][j] = static_cast<float>(As[(sm + i * 8 * WM) * LDA + kk + coord.x + j]);
+      simdgroup_barrier(mem_flags::mem_none);
+      STEEL_PRAGMA_UNROLL
+      for (short i = 0; i < TN; ++i)
+        STEEL_PRAGMA_UNROLL
+        for (short j = 0; j < 2; ++j) Btile[i][j] = static_cast<float>(Bs[(kk + coord.y) * LDB + sn + i * 8 * WN + j]);
+      simdgroup_barrier(mem_flags::mem_none);
+      STEEL_PRAGMA_UNROLL
+      for (short m = 0; m < TM; ++m)
+        STEEL_PRAGMA_UNROLL
+        for (short n = 0; n < TN; ++n) {
+          const short n_serp = (m % 2) ? (TN - 1 - n) : n;
+          Frag::mma(Ctile[m * TN + n_serp], Atile[m], Btile[n_serp], Ctile[m * TN + n_serp]);
+        }
+    }
+  }
+  STEEL_PRAGMA_UNROLL
+  for (short i = 0; i < TM; ++i)
+    STEEL_PRAGMA_UNROLL
+    for (short j = 0; j < TN; ++j)
+      STEEL_PRAGMA_UNROLL
+      for (short e = 0; e < 2; ++e)
+        c[(m0 + sm + i * 8 * WM) * N + n0 + sn + j * 8 * WN + e] = Ctile[i * TN + j][e];
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_steel_gemm(device, dtype):
+    """MLX's steel GEMM (float fragments) on bfloat, half and float data, fp32 accuracy."""
+    M, N, K = 128, 64, 48
+    k = kk.metal_kernel("tops_steel_gemm", ["a", "b"], ["c"], STEEL_GEMM, header=STEEL_HEADER)
+    a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
+    c, = k(inputs=[a, b], output_shapes=[(M, N)], output_dtypes=[torch.float32], template=[("T", dtype)],
+           grid=(128 * (N // 64), M // 64, 1), threadgroup=(128, 1, 1))
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
+
+
 # The same layer in a CUDA-dialect body: `#include <kernelkit/tensor_ops.h>`, the same names.
 CUDA_MATMUL = """
   using namespace metal;

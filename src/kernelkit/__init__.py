@@ -90,8 +90,8 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
             with `elem_to_loc(i, inp_shape, inp_strides, inp_ndim)`.
         atomic_outputs: declare the outputs `device atomic<T>*` for
             `atomic_fetch_add_explicit` and the other Metal atomics.
-        compile_options: `{"math_mode": "safe" | "relaxed" | "fast"}`; Metal's default
-            "fast" (`metal::precise::` functions stay accurate in every mode).
+        compile_options: `{"math_mode": "safe" | "relaxed" | "fast"}`; MLX's default "safe"
+            (`metal::precise::` functions stay accurate, `metal::fast::` fast, in every mode).
 
     Returns:
         A kernel object; calling it compiles (once per dtypes, template values and device,

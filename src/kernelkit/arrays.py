@@ -42,6 +42,9 @@ _DTYPES = [
     DType("bfloat16", "bfloat16_t", torch.bfloat16, 2, "H"),
     DType("float32", "float", torch.float32, 4, "f"),
     DType("float64", "double", torch.float64, 8, "d"),
+    # MLX's complex64_t (two floats, the real part first; include/kernelkit/complex.h). Arrays only:
+    # a Python complex is no scalar input, so its struct format is never used.
+    DType("complex64", "complex64_t", torch.complex64, 8, "Q"),
 ]
 _BY_NAME = {d.name: d for d in _DTYPES}
 _BY_TORCH = {d.torch: d for d in _DTYPES}

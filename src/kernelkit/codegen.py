@@ -24,6 +24,12 @@ def uses_tensor_ops(source: str) -> bool:
     return TENSOR_OPS in source
 
 
+# A Metal kernel that uses simdgroup_matrix, launched in whole warps, numbers its lanes as mma.sync's
+# fragments (target_cuda.h): a variant of its own (Signature.mma_lanes), so that only one lane
+# order's code is compiled into it.
+MMA_LANES = "#define KK_MMA_LANE_ORDER 1"
+
+
 MATH_MACROS = {"safe": "KK_MATH_SAFE", "relaxed": "KK_MATH_RELAXED", "fast": "KK_MATH_FAST"}
 # The header that defines each target's entry machinery.
 _ENTRY_HEADER = {"cuda": "kernelkit/entry_cuda.h", "cpu": "kernelkit/cpu_group.h"}
@@ -44,7 +50,7 @@ def generate(dialect, target: str, name: str, sig: Signature, header: str, body:
         defines.append(TENSOR_OPS)
     out = [f"#define KK_TARGET_{target.upper()} 1",
            f"#define {MATH_MACROS[math_mode]} 1",
-           *defines,
+           *defines, *([MMA_LANES] if sig.mma_lanes else []),
            f"#include <{dialect.PRELUDE}>"]
     if TENSOR_OPS in defines:
         if "KK_EXTERN_SHARED(" in header + body:  # the body's dynamic shared memory starts where

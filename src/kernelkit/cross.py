@@ -9,6 +9,7 @@ architectures, through the compile cache, a CompileError naming the architecture
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
 
@@ -81,7 +82,10 @@ def compile_for(kernel, arch: str = "sm_90", **call_args) -> CompiledKernel:
     _, specs, _, _ = kernel._inputs(inputs, kernel.ensure_row_contiguous if contiguous is None
                                     else contiguous)
     out_dtypes = tuple(kernel._dtype(d, i) for i, d in enumerate(dtypes))
+    group, grid = call_args.get("threadgroup"), call_args.get("grid")
+    if group is not None:  # as the launch clamps it to the grid
+        group = [min(operator.index(g), operator.index(n)) for g, n in zip(group, grid or group)]
     sig = Signature(list(zip(kernel.input_names, specs)), list(zip(kernel.output_names, out_dtypes)),
                     kernel.atomic_outputs, kernel._template(call_args.get("template")),
-                    kernel._uses, None)
+                    kernel._uses, None, mma_lanes=kernel._mma_lanes(group))
     return build_for(kernel, sig, arch)

@@ -104,9 +104,9 @@ class Plan:
             bases = ", ".join(f"(const void*)a.{b.name}" for b in self.buffers)
             sizes = "a.kk_dbg_size" if len(self.buffers) > 1 else "&a.kk_dbg_size"  # 1: no array
             lines = [f"  const void* const kk_base[] = {{{bases}}};",
-                     f"  ::kk::dbg::bind(a.kk_dbg, a.kk_timeout_ns, kk_base, {sizes}, t);"]
+                     f"  ::kk::dbg::bind(a.kk_dbg, a.kk_timeout_ns, kk_base, {sizes}, a.kk_grid, t);"]
         else:
-            lines = ["  ::kk::dbg::bind(a.kk_dbg, a.kk_timeout_ns, nullptr, nullptr, t);"]
+            lines = ["  ::kk::dbg::bind(a.kk_dbg, a.kk_timeout_ns, nullptr, nullptr, a.kk_grid, t);"]
         return "\n".join(["KK_FN void kk_dbg_bind(const kk_args& a, const kk_thread_ctx* t) {",
                           *lines, "}"])
 

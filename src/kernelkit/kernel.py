@@ -9,6 +9,7 @@ outputs, packs the argument block and launches on the arrays' device.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import re
@@ -106,6 +107,7 @@ class Kernel:
         self.shared_memory = shared_memory
         self._lowered_header, self._lowered_body = dialect.front_end(header, source)
         self._uses = dialect.mentions(source)
+        self._simdgroup_matrix = dialect.uses_simdgroup_matrix(self._lowered_header, self._lowered_body)
         self.uses_sync = dialect.uses_sync(identifiers(source) | identifiers(header))
         self._variants: dict[tuple, Variant] = {}
         self._checked: dict[tuple, object] = {}  # call arguments already validated
@@ -235,10 +237,13 @@ class Kernel:
         report = bool(verbose) and self._tensor_ops()
         if report:
             key += ("report",)
+        mma_lanes = self._mma_lanes(group)
+        if mma_lanes:
+            key += ("mma_lanes",)
         variant = self._variants.get(key)
         if variant is None:
             variant = self._build(key, backend, device, specs, out_dtypes, targs,
-                                  None if checks is None else checks.mode, report)
+                                  None if checks is None else checks.mode, report, mma_lanes)
         if verbose:
             self._print(variant)
 
@@ -371,10 +376,11 @@ class Kernel:
 
     # --- variants ---------------------------------------------------------------------------
 
-    def _build(self, key, backend, device, specs, out_dtypes, targs, debug=None, report=False) -> Variant:
+    def _build(self, key, backend, device, specs, out_dtypes, targs, debug=None, report=False,
+               mma_lanes=False) -> Variant:
         plan = None if debug is None else debugging.plan(self, specs, debug)
         sig = Signature(list(zip(self.input_names, specs)), list(zip(self.output_names, out_dtypes)),
-                        self.atomic_outputs, targs, self._uses, plan, report)
+                        self.atomic_outputs, targs, self._uses, plan, report, mma_lanes)
         source = self._generate(backend.target, sig)
         context = f"[{self.caller}] kernel {self.name!r}"
         if plan is not None:  # the rewritten source: say so, should it not compile
@@ -414,6 +420,11 @@ class Kernel:
                              f"{written} cannot be assigned; write with atomic_store_explicit("
                              f"&{written[0]}[i], v, memory_order_relaxed) or atomic_fetch_add_explicit.")
         return hints
+
+    def _mma_lanes(self, group) -> bool:
+        """Whether a launch in threadgroups of `group` (None: not known, whole warps assumed) numbers
+        its lanes as mma.sync's fragments (codegen.MMA_LANES)."""
+        return self._simdgroup_matrix and (group is None or math.prod(group) % 32 == 0)
 
     def _tensor_ops(self) -> bool:
         """Whether the body uses tensor ops (matmul2d...; not counting name_tensor views alone)."""

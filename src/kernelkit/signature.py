@@ -119,8 +119,9 @@ class Field:
 class Signature:
     def __init__(self, inputs: list[tuple[str, InputSpec]], outputs: list[tuple[str, DType]],
                  atomic_outputs: bool, template: list[tuple[str, object]], uses: set[str],
-                 debug=None, report: bool = False):
+                 debug=None, report: bool = False, mma_lanes: bool = False):
         self.template = template
+        self.mma_lanes = mma_lanes  # simdgroup_matrix in whole warps: lanes in mma.sync's order
         self.debug = debug  # a checked variant's debugging.Plan (its fields end the block)
         self.report = report  # tensor ops: each matmul2d run prints its path (verbose=True)
         # (name, rank) of each input whose body mentions name_tensor: the dialect declares that

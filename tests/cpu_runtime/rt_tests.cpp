@@ -328,7 +328,7 @@ static void check_edge(kk_dim3 grid, kk_dim3 group) {
           unsigned sx = std::min(group.x, grid.x - gx0), sy = std::min(group.y, grid.y - gy0),
                    sz = std::min(group.z, grid.z - gz0);
           unsigned tx = x - gx0, ty = y - gy0, tz = z - gz0;
-          unsigned tindex = tx + ty * group.x + tz * group.x * group.y;
+          unsigned tindex = tx + ty * sx + tz * sx * sy;  // over the (edge) group's own size
           const unsigned* o = &info[6 * p];
           CHECK(o[2] == tindex, "tindex %u want %u", o[2], tindex);
           if (!sync) {
@@ -339,11 +339,8 @@ static void check_edge(kk_dim3 grid, kk_dim3 group) {
                 o[1], sx * sy * sz);
           // Lanes of this SIMD-group that exist: tindex t' in [sg*32, sg*32+32) inside the group.
           unsigned sg = tindex / 32, mask = 0;
-          for (unsigned l = 0; l < 32; ++l) {
-            unsigned ti = sg * 32 + l;
-            unsigned ux = ti % group.x, uy = ti / group.x % group.y, uz = ti / (group.x * group.y);
-            if (uz < group.z && ux < sx && uy < sy && uz < sz) mask |= 1u << l;
-          }
+          for (unsigned l = 0; l < 32; ++l)
+            if (sg * 32 + l < sx * sy * sz) mask |= 1u << l;
           CHECK(o[3] == mask, "(%u,%u,%u) mask %08x want %08x", x, y, z, o[3], mask);
           CHECK(o[4] == unsigned(__builtin_popcount(mask)), "count lanes %u", o[4]);
           CHECK(o[5] == ((mask & 1) ? sg * 32 : tindex), "shuffle from lane 0: %u", o[5]);

@@ -39,6 +39,9 @@ _TENSOR_OPS = re.compile(r"#\s*include\s*[<\"]kernelkit/tensor_ops\.h[>\"]")
 
 
 def type_name(dtype) -> str:
+    if dtype.name == "complex64":  # (complex64_t is the Metal prelude's)
+        raise TypeError("[cuda_kernel] complex64 buffers are for metal_kernel (complex64_t); pass "
+                        "torch.view_as_real(x), a float32 view, to a cuda_kernel.")
     return _TYPES.get(dtype.name, dtype.name + "_t")  # int8 -> int8_t ...
 
 
@@ -89,6 +92,10 @@ def defines(header: str, body: str) -> list[str]:
     if _TENSOR_OPS.search(header) or _TENSOR_OPS.search(body):
         out.append("#define KK_TENSOR_OPS 1")  # codegen.TENSOR_OPS: C++20, the header after the prelude
     return out
+
+
+def uses_simdgroup_matrix(header: str, body: str) -> bool:
+    return False  # MSL's type: a CUDA body's lanes are the hardware's
 
 
 def open_unit(header: str, body: str) -> list[str]:

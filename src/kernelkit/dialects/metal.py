@@ -25,7 +25,7 @@ from .tokens import Token, identifiers, tokenize, untokenize
 NAME = "metal_kernel"
 PRELUDE = "kernelkit/metal.h"
 NAMESPACE = "metal"
-DEFAULT_MATH_MODE = "fast"  # Metal compiles with fast math unless told otherwise
+DEFAULT_MATH_MODE = "safe"  # MLX's metal_kernel default (compile_options math_mode, "safe")
 # Metal's dispatchThreads: threadgroups clamped to the grid, edge groups partial.
 WHOLE_GROUPS = False
 
@@ -41,6 +41,9 @@ _TENSOR_OPS_INCLUDE = re.compile(
 _TENSOR_OPS_NAMES = re.compile(r"matmul2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)|dextents|"
                                r"tensor_(?:inline|handle|offset)|"
                                r"simdgroup_(?!barrier\Z|index_in_threadgroup\Z)\w+|make_filled_simdgroup_matrix")
+# simdgroup_matrix's names: such a kernel numbers its lanes as mma.sync's fragments (target_cuda.h)
+_SIMDGROUP_MATRIX = re.compile(r"simdgroup_(?:matrix|(?:float|half|bfloat)8x8|multiply(?:_accumulate)?|load|store)|"
+                               r"make_filled_simdgroup_matrix")
 
 
 def uses_sync(idents: set[str]) -> bool:
@@ -75,13 +78,20 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
             depth += t.text in "{(" and len(t.text) == 1
             depth -= t.text in "})" and len(t.text) == 1
             continue
+        if t.kind == "number":
+            t.text = _literal(t.text)
+            continue
         if t.kind != "ident":
+            continue
+        if t.text == "_Pragma":  # _Pragma("clang loop ..."): MLX's STEEL_PRAGMA_UNROLL
+            _pragma_operator(tokens, code, n)
             continue
         prev = tokens[code[n - 1]].text if n else ""
         if prev in (".", "->"):
             if _SWIZZLE.match(t.text) and t.text not in avoid and len(t.text) > 1 \
                     or t.text in "rgba" and t.text not in avoid:
-                t.text = _swizzle(t.text)
+                after = tokens[code[n + 1]].text if n + 1 < len(code) else ""
+                t.text = _swizzle(t.text, written=after in _ASSIGNMENTS)
             continue
         if t.text == "constant":
             t.text = _constant(tokens, code, n, program_scope and depth == 0)
@@ -91,6 +101,20 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
             # a template argument (`tensor<threadgroup half, ...>`) or a pointer/reference: vanishes
             template_argument = n and tokens[code[n - 1]].text in ("<", ",")
             t.text = "" if template_argument or _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
+
+
+def _pragma_operator(tokens: list[Token], code: list[int], n: int) -> None:
+    """`_Pragma("clang loop unroll(full)")` (in a macro, as MLX's steel kernels write it) as the
+    #pragma line it stands for (_loop_pragma)."""
+    parts = [tokens[i] for i in code[n + 1:n + 4]]
+    if len(parts) < 3 or parts[0].text != "(" or parts[1].kind != "string" or parts[2].text != ")":
+        return
+    line = "#pragma " + parts[1].text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    hint = _loop_pragma(line)
+    if hint != line:
+        tokens[code[n]].text = hint
+        for t in parts:
+            t.text = ""
 
 
 def _loop_pragma(line: str) -> str:
@@ -146,10 +170,28 @@ def _is_pointer_or_reference(tokens: list[Token], code: list[int], n: int) -> bo
     return False
 
 
-def _swizzle(name: str) -> str:
+_ASSIGNMENTS = {"=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>="}
+
+
+def _swizzle(name: str, written: bool = False) -> str:
+    """`v.xy` as a read (a new vector), or left of an assignment a reference to those components
+    (MSL: "the component group notation can occur on the left-hand side")."""
     if len(name) == 1:
         return "xyzw"[_COMPONENT[name]]
-    return "template swizzle<" + ",".join(str(_COMPONENT[c]) for c in name) + ">()"
+    member = "swizzle_ref" if written else "swizzle"
+    return f"template {member}<" + ",".join(str(_COMPONENT[c]) for c in name) + ">()"
+
+
+# MSL's half and bfloat literals: 0.5h / 0.5H, 0.5bf / 0.5BF (a decimal floating literal; 0xbf is hex).
+_FLOAT16_LITERAL = re.compile(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(h|H|bf|BF)")
+
+
+def _literal(text: str) -> str:
+    m = _FLOAT16_LITERAL.fullmatch(text)
+    if not m or text[:2] in ("0x", "0X"):
+        return text
+    number = m.group(1) if any(c in m.group(1) for c in ".eE") else m.group(1) + "."  # 2h: 2.f
+    return f"{'half' if m.group(2) in 'hH' else 'bfloat'}({number}f)"
 
 
 def member_names(source: str) -> set[str]:
@@ -198,6 +240,12 @@ def defines(header: str, body: str) -> list[str]:
     if uses_tensor_ops(header, body):  # codegen.TENSOR_OPS, and simdgroup_matrix (MSL only)
         return ["#define KK_TENSOR_OPS 1", "#define KK_TENSOR_OPS_MSL 1"]
     return []
+
+
+def uses_simdgroup_matrix(header: str, body: str) -> bool:
+    """Whether a launch in whole warps numbers its lanes as mma.sync's fragments (codegen.MMA_LANES)."""
+    return "simdgroup_matrix" in header + body or any(
+        _SIMDGROUP_MATRIX.fullmatch(i) for i in identifiers(header) | identifiers(body))
 
 
 def compile_flags(target: str, math_mode: str) -> list[str]:

@@ -40,7 +40,8 @@ _LAYOUTS = ("bhsd", "bshd")
 def _kernel(name: str, inputs: list[str], outputs: list[str]):
     return metal_kernel(name=f"flash_attention_{name}", input_names=inputs, output_names=outputs,
                         source=_HERE.with_name(f"flash_attention_{name}.metal").read_text(),
-                        header=_HEADER, ensure_row_contiguous=False)
+                        header=_HEADER, ensure_row_contiguous=False,
+                        compile_options={"math_mode": "fast"})  # contracted FMAs, exp2 approximations
 
 
 _forward = _kernel("forward", ["q", "k", "v", "scale", "causal"], ["o", "lse"])

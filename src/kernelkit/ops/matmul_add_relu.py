@@ -26,7 +26,7 @@ using namespace mpp::tensor_ops;
 """
 _kernel = metal_kernel(name="matmul_add_relu", input_names=["lhs", "rhs", "bias"], output_names=["out"],
                        source=Path(__file__).with_name("matmul_add_relu.metal").read_text(), header=_HEADER,
-                       ensure_row_contiguous=False)
+                       ensure_row_contiguous=False, compile_options={"math_mode": "fast"})
 
 # Hopper, 16-bit types: the layer's persistent GEMM (one threadgroup an SM, the next tile's loads
 # under this tile's epilogue), where its TMA copies can read the operands (its shared memory the

@@ -57,7 +57,7 @@ inline void cpu_group_loop(const kk_launch_desc* d, kk_dim3 gid, const kk_dim3* 
   }
   for (unsigned z = z0; z < z1; ++z) {
     for (unsigned y = y0; y < y1; ++y) {
-      const unsigned base = y * g.x + z * g.x * g.y - x0;
+      const unsigned base = y * sx + z * sx * sy - x0;
       for (unsigned px = xa; px < xb; ++px) {
         t.tid = kk_dim3{px - x0, y, z};
         t.tindex = base + px;

@@ -145,7 +145,7 @@ KK_RT_API void kk_rt_run_fibers(void* worker, kk_thread_fn fn, const void* args,
         Fiber& f = w->fibers[i];
         f.t = t;
         f.t.tid = kk_dim3{x, y, z};
-        f.t.tindex = x + y * g.x + z * g.x * g.y;
+        f.t.tindex = x + y * sx + z * sx * sy;
         f.t.rt = &f;
         f.w = w;
         f.state = kRunnable;

@@ -58,6 +58,7 @@ struct state {
   int stopped;
   unsigned polls;                 // CPU: polls of this OS thread (the clock every kPollEvery)
   const kk_thread_ctx* ctx;       // CPU loop mode: the thread running on this OS thread
+  kk_dim3 grid;                   // GPU: the launch's grid, for record_thread
   const char* base[kBuffers];
   long long size[kBuffers];       // elements
 };
@@ -75,9 +76,12 @@ KK_FN unsigned long long now_ns() {
 }
 
 KK_FN void record_thread(unsigned long long* rec) {
-  rec[kTid] = threadIdx.x;
-  rec[kTid + 1] = threadIdx.y;
-  rec[kTid + 2] = threadIdx.z;
+  kk_dim3 tid = {threadIdx.x, threadIdx.y, threadIdx.z};
+  unsigned index;
+  thread_position(group_size(g_state.grid), tid, index);  // the Metal thread it runs
+  rec[kTid] = tid.x;
+  rec[kTid + 1] = tid.y;
+  rec[kTid + 2] = tid.z;
   rec[kGid] = blockIdx.x;
   rec[kGid + 1] = blockIdx.y;
   rec[kGid + 2] = blockIdx.z;
@@ -85,10 +89,11 @@ KK_FN void record_thread(unsigned long long* rec) {
 
 // Every thread of the block calls it, before the grid check (so the barrier sees them all).
 KK_FN void bind(unsigned long long* rec, long long timeout, const void* const* base,
-                const long long* size, const kk_thread_ctx*) {
+                const long long* size, const kk_dim3 grid, const kk_thread_ctx*) {
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
     state& s = g_state;
     s.rec = rec;
+    s.grid = grid;
     s.timeout = static_cast<unsigned long long>(timeout);
     for (unsigned i = 0; i < unsigned(KK_DBG_NBUF); ++i) {
       s.base[i] = static_cast<const char*>(base[i]);
@@ -161,7 +166,7 @@ inline const kk_thread_ctx* current_thread() {
 }
 
 inline void bind(unsigned long long* rec, long long timeout, const void* const* base,
-                 const long long* size, const kk_thread_ctx* t) {
+                 const long long* size, const kk_dim3, const kk_thread_ctx* t) {
   state& s = st();
   s.rec = rec;
   s.ctx = t;

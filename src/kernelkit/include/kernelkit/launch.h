@@ -18,7 +18,7 @@ typedef struct kk_thread_ctx {
   kk_dim3 tg_dispatch;  // dispatch_threads_per_threadgroup: the launched group size
   kk_dim3 num_groups;   // threadgroups_per_grid
   kk_dim3 grid;         // threads_per_grid (Metal's grid, in threads)
-  unsigned tindex;      // thread_index_in_threadgroup: tid linearised over tg_dispatch (x fastest)
+  unsigned tindex;      // thread_index_in_threadgroup: tid linearised over tg_size (x fastest)
   void* rt;             // CPU runtime's private state for this thread (fiber); unused on CUDA
 } kk_thread_ctx;
 

@@ -125,6 +125,10 @@ KK_FN unsigned simd_lane() {
   if (__builtin_expect(!t, 0)) kk_rt_fail(nullptr, "simd_lane needs the fiber runtime (loop mode)");
   return t->tindex & 31u;
 }
+// Lanes are numbered as the hardware's here (target_cuda.h's lane order is the GPU's).
+KK_FN unsigned hw_lane() { return simd_lane(); }
+KK_FN unsigned hw_of(unsigned lane) { return lane & 31u; }
+KK_FN constexpr bool lanes_permuted() { return false; }
 
 // Gathers v of every active lane: all[lane] (other slots unspecified). Returns the mask.
 template <class T>

@@ -88,21 +88,80 @@ KK_FN T shuffle_words(T v, Shfl shfl) {
 }
 }  // namespace detail
 
-KK_FN unsigned simd_lane() {
+// Lane order. A Metal kernel that uses simdgroup_matrix, launched in threadgroups of whole warps, is
+// generated with KK_MMA_LANE_ORDER: its SIMD-group's lanes are numbered so that Apple's 8x8
+// fragment layout (tensor_ops/simdgroup_matrix.h) is mma.sync's, with no shuffles. Metal lane
+// l4 l3 l2 l1 l0 (bits) runs on hardware lane l4 l2 l1 l3 l0: a permutation of the index bits, so
+// an XOR mask maps to an XOR mask. (In a partial warp the hardware's lanes would be Metal lanes
+// other than its first ones: such launches keep the identity.) Every function below speaks Metal
+// lanes; the tensor-op layer's PTX fragments speak hardware lanes (hw_lane).
+KK_FN unsigned hw_lane() {
   unsigned r;
   asm("mov.u32 %0, %%laneid;" : "=r"(r));
   return r;
 }
-KK_FN unsigned simd_active_mask(site = site()) { return __activemask(); }
-KK_FN unsigned simd_ballot(bool p, site = site()) { return __ballot_sync(__activemask(), p); }
+KK_FN constexpr bool lanes_permuted() {
+#if defined(KK_MMA_LANE_ORDER)
+  return true;  // (a variant of its own, for threadgroups of whole warps: codegen.MMA_LANES)
+#else
+  return false;
+#endif
+}
+namespace detail {
+constexpr KK_FN unsigned mma_lane_of(unsigned l) { return (l & 0x11u) | ((l & 0x6u) << 1) | ((l & 0x8u) >> 2); }
+constexpr KK_FN unsigned metal_lane_of(unsigned h) { return (h & 0x11u) | ((h & 0xcu) >> 1) | ((h & 0x2u) << 2); }
+// Swaps the bits of x at positions p and p + d for each p in m.
+constexpr KK_FN unsigned delta_swap(unsigned x, unsigned m, unsigned d) {
+  const unsigned t = ((x >> d) ^ x) & m;
+  return x ^ t ^ (t << d);
+}
+// A mask of hardware lanes as the mask of their Metal lanes: bit l of the result is bit
+// mma_lane_of(l) of m. Index bits 3, 2, 1 of a hardware lane hold Metal's 2, 1, 3: swapping
+// index bits 3 and 1, then 2 and 1, puts each bit at its Metal lane.
+constexpr KK_FN unsigned metal_mask_of(unsigned m) {
+  return delta_swap(delta_swap(m, 0x00cc00ccu, 6), 0x0c0c0c0cu, 2);
+}
+}  // namespace detail
+// The Metal lane running on hardware lane h, and back; masks of lanes likewise.
+KK_FN unsigned hw_of(unsigned lane) { return lanes_permuted() ? detail::mma_lane_of(lane & 31u) : lane & 31u; }
+KK_FN unsigned simd_lane() { return lanes_permuted() ? detail::metal_lane_of(hw_lane()) : hw_lane(); }
+KK_FN unsigned metal_mask(unsigned hw_mask) { return lanes_permuted() ? detail::metal_mask_of(hw_mask) : hw_mask; }
+// The threads of this block's threadgroup: Metal's threads_per_threadgroup, smaller than the block
+// in the grid's edge groups. Each threadgroup starts inside the grid, so the threads left from
+// there fit 32 bits (even with grid.x close to 2^32).
+KK_FN kk_dim3 group_size(const kk_dim3 grid) {
+  return {min(blockDim.x, grid.x - blockIdx.x * blockDim.x), min(blockDim.y, grid.y - blockIdx.y * blockDim.y),
+          min(blockDim.z, grid.z - blockIdx.z * blockDim.z)};
+}
+// This thread's position in a threadgroup of `size` threads and its thread_index_in_threadgroup,
+// as Metal numbers them: thread L of the block (in the lane order above) runs Metal's thread L,
+// x fastest over `size`, so that a SIMD-group is a warp in an edge group too (there Metal
+// linearises over the smaller group). False: this thread runs none of the group's threads.
+KK_FN bool thread_position(const kk_dim3 size, kk_dim3& pos, unsigned& index) {
+  const bool whole = size.x == blockDim.x && size.y == blockDim.y && size.z == blockDim.z;
+  unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  if (whole && !lanes_permuted()) {
+    pos = {threadIdx.x, threadIdx.y, threadIdx.z};
+    index = linear;
+    return true;
+  }
+  if (lanes_permuted()) linear = (linear & ~31u) | simd_lane();
+  if (linear >= size.x * size.y * size.z) return false;
+  pos = {linear % size.x, linear / size.x % size.y, linear / (size.x * size.y)};
+  index = linear;
+  return true;
+}
+
+KK_FN unsigned simd_active_mask(site = site()) { return metal_mask(__activemask()); }
+KK_FN unsigned simd_ballot(bool p, site = site()) { return metal_mask(__ballot_sync(__activemask(), p)); }
 
 // v of src_lane; a lane reading an inactive lane gets its own v.
 template <class T>
 KK_FN T simd_shuffle(T v, unsigned src_lane, site = site()) {
   const unsigned mask = __activemask();
-  src_lane &= 31u;
-  if (!((mask >> src_lane) & 1u)) src_lane = simd_lane();
-  return detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src_lane); });
+  unsigned from = hw_of(src_lane);
+  if (!((mask >> from) & 1u)) from = hw_lane();
+  return detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, from); });
 }
 
 // Reduction over the active lanes of each aligned group of W lanes; every
@@ -116,8 +175,10 @@ KK_FN T simd_reduce(T v, Op op, site = site()) {
   const unsigned mask = __activemask();
   if (mask == detail::full_mask) {
 #pragma unroll
-    for (unsigned off = W / 2; off > 0; off >>= 1)
-      v = op(v, detail::shuffle_words(v, [&](unsigned w) { return __shfl_xor_sync(mask, w, off); }));
+    for (unsigned off = W / 2; off > 0; off >>= 1) {
+      const unsigned x = hw_of(off);
+      v = op(v, detail::shuffle_words(v, [&](unsigned w) { return __shfl_xor_sync(mask, w, x); }));
+    }
     return v;
   }
   const unsigned base = simd_lane() & ~(W - 1);
@@ -125,7 +186,7 @@ KK_FN T simd_reduce(T v, Op op, site = site()) {
   bool have = false;
 #pragma unroll 1
   for (unsigned k = 0; k < W; ++k) {
-    const unsigned src = base + k;
+    const unsigned src = hw_of(base + k);
     T x = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
     if ((mask >> src) & 1u) {
       acc = have ? op(acc, x) : x;
@@ -146,20 +207,22 @@ KK_FN T simd_scan(T v, Op op, T identity, bool inclusive, site = site()) {
     const unsigned pos = lane & (W - 1);
 #pragma unroll
     for (unsigned off = 1; off < W; off <<= 1) {
-      T y = detail::shuffle_words(v, [&](unsigned w) { return __shfl_up_sync(mask, w, off, W); });
+      const unsigned src = hw_of(pos >= off ? lane - off : lane);
+      T y = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
       if (pos >= off) v = op(y, v);
     }
     if (inclusive) return v;
-    T y = detail::shuffle_words(v, [&](unsigned w) { return __shfl_up_sync(mask, w, 1, W); });
+    const unsigned src = hw_of(pos >= 1 ? lane - 1 : lane);
+    T y = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
     return pos == 0 ? identity : y;
   }
   const unsigned base = lane & ~(W - 1);
   T acc = identity;
 #pragma unroll 1
   for (unsigned k = 0; k < W; ++k) {
-    const unsigned src = base + k;
-    T x = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, src); });
-    if (((mask >> src) & 1u) && (inclusive ? src <= lane : src < lane)) acc = op(acc, x);
+    const unsigned src = base + k, from = hw_of(src);
+    T x = detail::shuffle_words(v, [&](unsigned w) { return __shfl_sync(mask, w, from); });
+    if (((mask >> from) & 1u) && (inclusive ? src <= lane : src < lane)) acc = op(acc, x);
   }
   return acc;
 }

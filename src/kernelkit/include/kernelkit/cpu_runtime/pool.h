@@ -110,7 +110,7 @@ bool trace_loop_thread(Launch* L, Worker* w, int sig, kk_thread_ctx* t) {
   t->tg_dispatch = g;
   t->num_groups = d->num_groups;
   t->grid = d->grid;
-  t->tindex = one.x + one.y * g.x + one.z * g.x * g.y;
+  t->tindex = one.x + one.y * sx + one.z * sx * sy;
   t->rt = nullptr;
   return true;
 }

@@ -6,11 +6,12 @@
 // Metal's promotion rules:
 //   half op half -> half     half op integer -> half     half op bfloat -> float
 //   half op float -> float   half op double -> double    (bfloat likewise)
-// Conversions: implicit from any arithmetic type; implicit *to float and double
-// only*, explicit to integers and bool. Allowing half -> int implicitly would
-// make `cond ? h : 0` ambiguous (int -> half works too); the conversion
-// operator is a constrained template so that C++ deduces the target type and
-// rejects everything but float/double.
+// Conversions: implicit from any arithmetic type; implicit *to float, double and
+// bool only* (`bool b = h;`, as for float), explicit to the other integers.
+// Allowing half -> int implicitly would make `cond ? h : 0` ambiguous (int ->
+// half works too); the conversion operator is a constrained template so that
+// C++ deduces the target type exactly and rejects everything else (a bool
+// target is not reached through int promotions).
 #pragma once
 
 namespace metal {
@@ -73,9 +74,9 @@ struct alignas(2) float16 {
   // Build from a bit pattern; constexpr, so limits and constants can use it.
   static constexpr KK_FN float16 from_bits(unsigned short b) { return float16(bits_tag{}, b); }
 
-  template <class T, enable_if_t<is_same_v<T, float> || is_same_v<T, double>, int> = 0>
+  template <class T, enable_if_t<is_same_v<T, float> || is_same_v<T, double> || is_same_v<T, bool>, int> = 0>
   constexpr KK_FN operator T() const { return static_cast<T>(Format::to_float(bits)); }
-  template <class T, enable_if_t<is_integral<T>::value, int> = 0>
+  template <class T, enable_if_t<is_integral<T>::value && !is_same_v<T, bool>, int> = 0>
   constexpr KK_FN explicit operator T() const { return static_cast<T>(Format::to_float(bits)); }
 
   constexpr KK_FN float16 operator-() const { return from_bits(static_cast<unsigned short>(bits ^ 0x8000u)); }

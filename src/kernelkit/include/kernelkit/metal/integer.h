@@ -80,11 +80,11 @@ KK_FN T abs(T x) {
   if constexpr (is_signed_v<T>) return x < 0 ? T(-x) : x;
   else return x;
 }
-// |x - y| without overflow.
+// |x - y| in the unsigned type of the same width (MSL's Tu), where it always fits.
 template <class T, kk_detail::if_int<T> = 0>
-KK_FN T absdiff(T x, T y) {
+KK_FN kk_detail::unsigned_t<T> absdiff(T x, T y) {
   using U = kk_detail::unsigned_t<T>;
-  return T(x > y ? U(U(x) - U(y)) : U(U(y) - U(x)));
+  return x > y ? U(U(x) - U(y)) : U(U(y) - U(x));
 }
 template <class T, kk_detail::if_int<T> = 0>
 KK_FN T addsat(T x, T y) {
@@ -164,21 +164,32 @@ template <class T, kk_detail::if_int<T> = 0>
 KK_FN T mad24(T x, T y, T z) { return T(x * y + z); }
 template <class T, kk_detail::if_int<T> = 0>
 KK_FN T madhi(T x, T y, T z) { return T(mulhi(x, y) + z); }
+// a*b+c saturated once, from its exact value: in 64 bits for types up to 32 bits, else in
+// 128 bits as (high, low) words, the high word from mulhi.
 template <class T, kk_detail::if_int<T> = 0>
 KK_FN T madsat(T x, T y, T z) {
-  // Saturate the product first (its exact value in 128 bits is out of reach
-  // generally): exact whenever the product fits, else saturates with its sign.
-  using U = kk_detail::unsigned_t<T>;
-  const T hi = mulhi(x, y);
-  const T lo = T(U(U(x) * U(y)));
-  T prod;
-  if constexpr (is_signed_v<T>) {
-    const bool fits = (hi == 0 && lo >= 0) || (hi == T(-1) && lo < 0);
-    prod = fits ? lo : ((x < 0) != (y < 0) ? numeric_limits<T>::min() : numeric_limits<T>::max());
+  constexpr T lo_lim = numeric_limits<T>::min(), hi_lim = numeric_limits<T>::max();
+  if constexpr (sizeof(T) <= 4) {
+    using W = conditional_t<is_signed_v<T>, long long, unsigned long long>;
+    const W r = W(x) * W(y) + W(z);
+    if (r > W(hi_lim)) return hi_lim;
+    if constexpr (is_signed_v<T>) {
+      if (r < W(lo_lim)) return lo_lim;
+    }
+    return T(r);
   } else {
-    prod = hi != 0 ? numeric_limits<T>::max() : lo;
+    using U = kk_detail::unsigned_t<T>;
+    const U lo = U(U(x) * U(y)), sum = U(lo + U(z));
+    U hi = U(U(mulhi(x, y)) + U(sum < lo));  // carry out of the low word
+    if constexpr (is_signed_v<T>) {
+      if (z < 0) hi = U(hi - 1);  // z sign-extended: its high word is all ones
+      // The sum fits in T when its high word is the sign extension of its low word.
+      if (hi == (T(sum) < 0 ? U(~U(0)) : U(0))) return T(sum);
+      return T(hi) < 0 ? lo_lim : hi_lim;
+    } else {
+      return hi != 0 ? hi_lim : sum;
+    }
   }
-  return addsat(prod, z);
 }
 // bits [offset, offset + bits) of x, sign-extended for signed T.
 template <class T, kk_detail::if_int<T> = 0>
@@ -219,7 +230,6 @@ KK_INT_VEC1(clz)
 KK_INT_VEC1(ctz)
 KK_INT_VEC1(popcount)
 KK_INT_VEC1(reverse_bits)
-KK_INT_VEC2(absdiff)
 KK_INT_VEC2(addsat)
 KK_INT_VEC2(subsat)
 KK_INT_VEC2(rotate)
@@ -233,5 +243,17 @@ KK_INT_VEC3(madsat)
 #undef KK_INT_VEC1
 #undef KK_INT_VEC2
 #undef KK_INT_VEC3
+template <class T, int N, kk_detail::if_int<T> = 0>
+KK_FN vec<kk_detail::unsigned_t<T>, N> absdiff(const vec<T, N>& x, const vec<T, N>& y) {
+  return kk_detail::vmap<kk_detail::unsigned_t<T>, N>([](const T& a, const T& b) { return absdiff(a, b); }, x, y);
+}
+template <class T, int N, kk_detail::if_int<T> = 0>
+KK_FN vec<T, N> extract_bits(const vec<T, N>& x, uint offset, uint bits) {
+  return kk_detail::vmap<T, N>([=](const T& a) { return extract_bits(a, offset, bits); }, x);
+}
+template <class T, int N, kk_detail::if_int<T> = 0>
+KK_FN vec<T, N> insert_bits(const vec<T, N>& base, const vec<T, N>& insert, uint offset, uint bits) {
+  return kk_detail::vmap<T, N>([=](const T& b, const T& i) { return insert_bits(b, i, offset, bits); }, base, insert);
+}
 
 }  // namespace metal

@@ -14,34 +14,77 @@ constexpr KK_FN T as_type(const U& x) {
   return __builtin_bit_cast(T, x);
 }
 
+enum float_round_style {
+  round_indeterminate = -1,
+  round_toward_zero = 0,
+  round_to_nearest = 1,
+  round_toward_infinity = 2,
+  round_toward_neg_infinity = 3,
+};
+enum float_denorm_style { denorm_indeterminate = -1, denorm_absent = 0, denorm_present = 1 };
+
 template <class T> struct numeric_limits {
   static constexpr bool is_specialized = false;
 };
 
 namespace kk_detail {
-template <class T, bool Signed = (T(-1) < T(0))>
-struct integer_limits {
+// The members C++'s std::numeric_limits has, with the values it gives the same types.
+template <class T, bool Signed, int Digits>
+struct common_limits {
   static constexpr bool is_specialized = true;
   static constexpr bool is_signed = Signed;
+  static constexpr bool is_bounded = true;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+  static constexpr int radix = 2;
+  static constexpr int digits = Digits;
+};
+
+template <class T, bool Signed = (T(-1) < T(0)), int Digits = int(sizeof(T) * 8) - (Signed ? 1 : 0)>
+struct integer_limits : common_limits<T, Signed, Digits> {
   static constexpr bool is_integer = true;
+  static constexpr bool is_exact = true;
+  static constexpr bool is_iec559 = false;
+  static constexpr bool is_modulo = !Signed;
   static constexpr bool has_infinity = false;
   static constexpr bool has_quiet_NaN = false;
-  static constexpr int digits = int(sizeof(T) * 8) - (Signed ? 1 : 0);
+  static constexpr bool has_signaling_NaN = false;
+  static constexpr float_denorm_style has_denorm = denorm_absent;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr float_round_style round_style = round_toward_zero;
+  static constexpr int digits10 = Digits * 30103 / 100000;  // floor(digits * log10(2))
+  static constexpr int max_digits10 = 0;
+  static constexpr int min_exponent = 0, min_exponent10 = 0, max_exponent = 0, max_exponent10 = 0;
   static constexpr KK_FN T max() { return Signed ? T(~(T(1) << (sizeof(T) * 8 - 1))) : T(~T(0)); }
   static constexpr KK_FN T min() { return Signed ? T(-max() - 1) : T(0); }
   static constexpr KK_FN T lowest() { return min(); }
   static constexpr KK_FN T epsilon() { return T(0); }
+  static constexpr KK_FN T round_error() { return T(0); }
 };
 
 // A floating type given by its bit patterns (Bits: an unsigned integer of the same size).
+// The exponent range follows from the widths (an IEEE-style format: 1 sign bit, then the
+// exponent, then digits - 1 fraction bits); the decimal members are <float.h>'s formulas,
+// log10(2) taken as 0.30103.
 template <class T, class Bits, Bits Min, Bits Max, Bits Eps, Bits Inf, Bits NaN, int Digits>
-struct float_limits {
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
+struct float_limits : common_limits<T, true, Digits> {
   static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool is_iec559 = true;
+  static constexpr bool is_modulo = false;
   static constexpr bool has_infinity = true;
   static constexpr bool has_quiet_NaN = true;
-  static constexpr int digits = Digits;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr float_denorm_style has_denorm = denorm_present;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr float_round_style round_style = round_to_nearest;
+  static constexpr int max_exponent = 1 << (int(sizeof(T) * 8) - Digits - 1);
+  static constexpr int min_exponent = 3 - max_exponent;
+  static constexpr int digits10 = (Digits - 1) * 30103 / 100000;            // floor
+  static constexpr int max_digits10 = 2 + Digits * 30103 / 100000;          // ceil(1 + ...)
+  static constexpr int max_exponent10 = max_exponent * 30103 / 100000;      // floor
+  static constexpr int min_exponent10 = (min_exponent - 1) * 30103 / 100000;  // ceil: truncates
+  static constexpr KK_FN T round_error() { return T(0.5f); }
   static constexpr KK_FN T min() { return __builtin_bit_cast(T, Min); }
   static constexpr KK_FN T max() { return __builtin_bit_cast(T, Max); }
   static constexpr KK_FN T lowest() { return __builtin_bit_cast(T, Bits(Max | (Bits(1) << (sizeof(T) * 8 - 1)))); }
@@ -53,14 +96,13 @@ struct float_limits {
 };
 }  // namespace kk_detail
 
-template <> struct numeric_limits<bool> {
-  static constexpr bool is_specialized = true, is_signed = false, is_integer = true;
-  static constexpr bool has_infinity = false, has_quiet_NaN = false;
-  static constexpr int digits = 1;
+template <> struct numeric_limits<bool> : kk_detail::integer_limits<bool, false, 1> {
+  static constexpr bool is_modulo = false;
   static constexpr KK_FN bool min() { return false; }
   static constexpr KK_FN bool max() { return true; }
   static constexpr KK_FN bool lowest() { return false; }
   static constexpr KK_FN bool epsilon() { return false; }
+  static constexpr KK_FN bool round_error() { return false; }
 };
 template <> struct numeric_limits<char> : kk_detail::integer_limits<char> {};
 template <> struct numeric_limits<signed char> : kk_detail::integer_limits<signed char> {};
@@ -90,6 +132,53 @@ template <class T> struct numeric_limits<const T> : numeric_limits<T> {};
 // MSL's predefined constants (macros, as in Metal). Guarded: a hosted target's
 // <math.h> may define some of them already, with the same values.
 
+// The C library's integer limits, which Metal's SDK headers define too (Metal's long is 64 bits).
+// Guarded: a body's header may include <climits> as well.
+#ifndef CHAR_BIT
+#define CHAR_BIT 8
+#endif
+#ifndef SCHAR_MAX
+#define SCHAR_MAX 127
+#endif
+#ifndef SCHAR_MIN
+#define SCHAR_MIN (-127 - 1)
+#endif
+#ifndef UCHAR_MAX
+#define UCHAR_MAX 255
+#endif
+#ifndef CHAR_MAX
+#define CHAR_MAX SCHAR_MAX
+#endif
+#ifndef CHAR_MIN
+#define CHAR_MIN SCHAR_MIN
+#endif
+#ifndef SHRT_MAX
+#define SHRT_MAX 32767
+#endif
+#ifndef SHRT_MIN
+#define SHRT_MIN (-32767 - 1)
+#endif
+#ifndef USHRT_MAX
+#define USHRT_MAX 65535
+#endif
+#ifndef INT_MAX
+#define INT_MAX 2147483647
+#endif
+#ifndef INT_MIN
+#define INT_MIN (-2147483647 - 1)
+#endif
+#ifndef UINT_MAX
+#define UINT_MAX 4294967295U
+#endif
+#ifndef LONG_MAX
+#define LONG_MAX 9223372036854775807L
+#endif
+#ifndef LONG_MIN
+#define LONG_MIN (-9223372036854775807L - 1)
+#endif
+#ifndef ULONG_MAX
+#define ULONG_MAX 18446744073709551615UL
+#endif
 #ifndef INFINITY
 #define INFINITY (::metal::numeric_limits<float>::infinity())
 #endif
@@ -155,3 +244,21 @@ template <class T> struct numeric_limits<const T> : numeric_limits<T> {};
 #define M_2_SQRTPI_H KK_HALF_CONST(0x3c83)
 #define M_SQRT2_H KK_HALF_CONST(0x3da8)
 #define M_SQRT1_2_H KK_HALF_CONST(0x39a8)
+
+// bfloat's, as MSL's Table 6.7 lists them (MSL defines no MINBFLOAT, nor MINHALF).
+#define MAXBFLOAT (::metal::numeric_limits<::metal::bfloat>::max())
+#define HUGE_VALBF (::metal::numeric_limits<::metal::bfloat>::infinity())
+#define KK_BFLOAT_CONST(bits) (::metal::bfloat::from_bits(bits))
+#define M_E_BF KK_BFLOAT_CONST(0x402e)
+#define M_LOG2E_BF KK_BFLOAT_CONST(0x3fb9)
+#define M_LOG10E_BF KK_BFLOAT_CONST(0x3ede)
+#define M_LN2_BF KK_BFLOAT_CONST(0x3f31)
+#define M_LN10_BF KK_BFLOAT_CONST(0x4013)
+#define M_PI_BF KK_BFLOAT_CONST(0x4049)
+#define M_PI_2_BF KK_BFLOAT_CONST(0x3fc9)
+#define M_PI_4_BF KK_BFLOAT_CONST(0x3f49)
+#define M_1_PI_BF KK_BFLOAT_CONST(0x3ea3)
+#define M_2_PI_BF KK_BFLOAT_CONST(0x3f23)
+#define M_2_SQRTPI_BF KK_BFLOAT_CONST(0x3f90)
+#define M_SQRT2_BF KK_BFLOAT_CONST(0x3fb5)
+#define M_SQRT1_2_BF KK_BFLOAT_CONST(0x3f35)

@@ -173,7 +173,6 @@ KK_MATH2(copysign, ::copysignf, ::copysign)
 KK_MATH2(fdim, ::fdimf, ::fdim)
 KK_MATH2(fmax, ::fmaxf, ::fmax)
 KK_MATH2(fmin, ::fminf, ::fmin)
-KK_MATH2(nextafter, ::nextafterf, ::nextafter)
 
 KK_FN float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
 KK_FN double fma(double a, double b, double c) { return ::fma(a, b, c); }
@@ -186,6 +185,29 @@ KK_FN vec<T, N> fma(const vec<T, N>& a, const vec<T, N>& b, const vec<T, N>& c) 
   return kk_detail::vmap<T, N>([](const T& x, const T& y, const T& z) { return T(fma(x, y, z)); }, a, b, c);
 }
 KK_MATH_FORWARD(fma, false)
+
+// nextafter: one step in the argument's own type (for half and bfloat, on its bits, not in float).
+KK_FN float nextafter(float x, float y) { return ::nextafterf(x, y); }
+KK_FN double nextafter(double x, double y) { return ::nextafter(x, y); }
+template <class F>
+KK_FN kk_detail::float16<F> nextafter(kk_detail::float16<F> x, kk_detail::float16<F> y) {
+  // The bits as an integer in the values' order (+0 and -0 both 0), stepped by one.
+  const auto order = [](unsigned short b) { return b & 0x8000u ? -int(b & 0x7fffu) : int(b); };
+  const unsigned short nan_bits = numeric_limits<kk_detail::float16<F>>::infinity().bits;
+  if ((x.bits & 0x7fffu) > nan_bits) return x;  // NaN
+  if ((y.bits & 0x7fffu) > nan_bits) return y;
+  const int kx = order(x.bits), ky = order(y.bits);
+  if (kx == ky) return y;  // equal (zeros of either sign too): y
+  const int k = kx < ky ? kx + 1 : kx - 1;
+  // k == 0: stepping to zero from a subnormal keeps x's sign, as C's nextafter.
+  return kk_detail::float16<F>::from_bits(
+      static_cast<unsigned short>(k > 0 ? k : k < 0 ? 0x8000 | -k : x.bits & 0x8000u));
+}
+template <class T, int N>
+KK_FN vec<T, N> nextafter(const vec<T, N>& x, const vec<T, N>& y) {
+  return kk_detail::vmap<T, N>([](const T& a, const T& b) { return T(nextafter(a, b)); }, x, y);
+}
+KK_MATH_FORWARD(nextafter, false)
 
 // Functions with an out-parameter or an int.
 KK_FN float frexp(float x, int& e) { return ::frexpf(x, &e); }
@@ -251,8 +273,17 @@ template <class T, enable_if_t<kk_detail::is_scalar<T>, int> = 0>
 KK_FN T max3(T a, T b, T c) { return max(max(a, b), c); }
 template <class T, enable_if_t<kk_detail::is_scalar<T>, int> = 0>
 KK_FN T min3(T a, T b, T c) { return min(min(a, b), c); }
+// With NaNs (floats), as MSL's fmedian3 asks: one NaN gives one of the two other values, two
+// NaNs the third value, three NaNs NaN.
 template <class T, enable_if_t<kk_detail::is_scalar<T>, int> = 0>
 KK_FN T median3(T a, T b, T c) { return max(min(a, b), min(max(a, b), c)); }
+// MSL's names for max3, min3 and median3 of floating types.
+template <class T, enable_if_t<is_floating_point_v<T>, int> = 0>
+KK_FN T fmax3(T a, T b, T c) { return max3(a, b, c); }
+template <class T, enable_if_t<is_floating_point_v<T>, int> = 0>
+KK_FN T fmin3(T a, T b, T c) { return min3(a, b, c); }
+template <class T, enable_if_t<is_floating_point_v<T>, int> = 0>
+KK_FN T fmedian3(T a, T b, T c) { return median3(a, b, c); }
 
 template <class T, enable_if_t<is_floating_point_v<T>, int> = 0>
 KK_FN T mix(T x, T y, T a) {
@@ -298,6 +329,9 @@ KK_COMMON_VEC3(clamp)
 KK_COMMON_VEC3(max3)
 KK_COMMON_VEC3(min3)
 KK_COMMON_VEC3(median3)
+KK_COMMON_VEC3(fmax3)
+KK_COMMON_VEC3(fmin3)
+KK_COMMON_VEC3(fmedian3)
 KK_COMMON_VEC3(mix)
 KK_COMMON_VEC3(smoothstep)
 KK_MATH_FORWARD(max, true)
@@ -306,6 +340,9 @@ KK_MATH_FORWARD(clamp, true)
 KK_MATH_FORWARD(max3, true)
 KK_MATH_FORWARD(min3, true)
 KK_MATH_FORWARD(median3, true)
+KK_MATH_FORWARD(fmax3, false)
+KK_MATH_FORWARD(fmin3, false)
+KK_MATH_FORWARD(fmedian3, false)
 KK_MATH_FORWARD(mix, false)
 KK_MATH_FORWARD(step, false)
 KK_MATH_FORWARD(smoothstep, false)
@@ -440,8 +477,9 @@ KK_SINCOS(fast)
 #define KK_MATH_SHARED(X)                                                                 \
   X(fabs) X(abs) X(floor) X(ceil) X(trunc) X(round) X(rint) X(fract) X(logb) X(fmod)      \
   X(copysign) X(fdim) X(fmax) X(fmin) X(nextafter) X(fma) X(frexp) X(ldexp) X(modf)       \
-  X(ilogb) X(max) X(min) X(clamp) X(max3) X(min3) X(median3) X(mix) X(step) X(smoothstep) \
-  X(saturate) X(sign) X(isnan) X(isinf) X(isfinite) X(isnormal) X(signbit) X(select)
+  X(ilogb) X(max) X(min) X(clamp) X(max3) X(min3) X(median3) X(fmax3) X(fmin3)          \
+  X(fmedian3) X(mix) X(step) X(smoothstep) X(saturate) X(sign) X(isnan) X(isinf)          \
+  X(isfinite) X(isnormal) X(signbit) X(select)
 #define KK_USING_SHARED(name) using metal::name;
 namespace precise { KK_MATH_SHARED(KK_USING_SHARED) }
 namespace fast { KK_MATH_SHARED(KK_USING_SHARED) }
@@ -496,10 +534,31 @@ KK_FN T dot(const vec<T, N>& a, const vec<T, N>& b) {
   return T(r);
 }
 template <class T, int N> KK_FN T length_squared(const vec<T, N>& v) { return dot(v, v); }
-template <class T, int N> KK_FN T length(const vec<T, N>& v) { return precise::sqrt(dot(v, v)); }
-template <class T, int N> KK_FN T distance(const vec<T, N>& a, const vec<T, N>& b) { return length(a - b); }
 template <class T, int N> KK_FN T distance_squared(const vec<T, N>& a, const vec<T, N>& b) { return length_squared(a - b); }
-template <class T, int N> KK_FN vec<T, N> normalize(const vec<T, N>& v) { return v / length(v); }
+// length, distance, normalize: precise:: and fast:: variants, each on its namespace's sqrt
+// and rsqrt; plain metal:: ones follow the math mode, as exp does. (Calls are qualified:
+// argument-dependent lookup would also find metal::length, the other mode's.)
+#define KK_GEOMETRIC(ns)                                                                  \
+  namespace ns {                                                                          \
+  template <class T, int N> KK_FN T length(const vec<T, N>& v) {                          \
+    return ns::sqrt(dot(v, v));                                                           \
+  }                                                                                       \
+  template <class T, int N> KK_FN T distance(const vec<T, N>& a, const vec<T, N>& b) {    \
+    return ns::length(a - b);                                                             \
+  }                                                                                       \
+  }
+KK_GEOMETRIC(precise)
+KK_GEOMETRIC(fast)
+#undef KK_GEOMETRIC
+namespace precise {
+template <class T, int N> KK_FN vec<T, N> normalize(const vec<T, N>& v) { return v / precise::length(v); }
+}  // namespace precise
+namespace fast {
+template <class T, int N> KK_FN vec<T, N> normalize(const vec<T, N>& v) { return v * fast::rsqrt(dot(v, v)); }
+}  // namespace fast
+using kk_math_mode::length;
+using kk_math_mode::distance;
+using kk_math_mode::normalize;
 template <class T>
 KK_FN vec<T, 3> cross(const vec<T, 3>& a, const vec<T, 3>& b) {
   return vec<T, 3>(a.y * b.z - a.z * b.y, a.z * b.x - a.x * b.z, a.x * b.y - a.y * b.x);

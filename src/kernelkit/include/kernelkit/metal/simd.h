@@ -125,34 +125,43 @@ KK_SHUFFLE(quad_shuffle_rotate_up, delta, kk_detail::src_rotate<4>(kk::simd_lane
 KK_SHUFFLE(quad_shuffle_rotate_down, delta, kk_detail::src_rotate<4>(kk::simd_lane(), 0u - delta))
 #undef KK_SHUFFLE
 
-// Within groups of `modulo` lanes (32 by default): lanes shifted in from
-// outside the group take `fill` from the other end instead.
+// Within windows of `modulo` lanes (the whole SIMD-group or quad by default): lanes shifted
+// in from outside the window take `fill` from its other end instead.
 namespace kk_detail {
 template <class T> KK_FN T shuffle_and_fill(T v, T fill, uint src, bool from_v, kk::site s) {
   const T a = kk::simd_shuffle(v, src, s);
   const T b = kk::simd_shuffle(fill, src, s);
   return from_v ? a : b;
 }
+// W: the group's width (32 or 4); the windows lie within it.
+template <uint W, class T> KK_FN T shuffle_and_fill_up(T v, T fill, uint delta, uint modulo, kk::site s) {
+  const uint lane = kk::simd_lane(), li = (lane & (W - 1)) % modulo;
+  return shuffle_and_fill(v, fill, lane - li + (li + modulo - delta % modulo) % modulo, li >= delta, s);
+}
+template <uint W, class T> KK_FN T shuffle_and_fill_down(T v, T fill, uint delta, uint modulo, kk::site s) {
+  const uint lane = kk::simd_lane(), li = (lane & (W - 1)) % modulo;
+  return shuffle_and_fill(v, fill, lane - li + (li + delta) % modulo, li + delta < modulo, s);
+}
 }  // namespace kk_detail
 template <class T>
 KK_FN T simd_shuffle_and_fill_up(T v, T fill, uint delta, uint modulo = 32,
                                  kk::site s = KK_SYNC_SITE("simd_shuffle_and_fill_up")) {
-  const uint i = kk::simd_lane(), li = i % modulo;
-  return kk_detail::shuffle_and_fill(v, fill, i - li + (li + modulo - delta % modulo) % modulo, li >= delta, s);
+  return kk_detail::shuffle_and_fill_up<32>(v, fill, delta, modulo, s);
 }
 template <class T>
 KK_FN T simd_shuffle_and_fill_down(T v, T fill, uint delta, uint modulo = 32,
                                    kk::site s = KK_SYNC_SITE("simd_shuffle_and_fill_down")) {
-  const uint i = kk::simd_lane(), li = i % modulo;
-  return kk_detail::shuffle_and_fill(v, fill, i - li + (li + delta) % modulo, li + delta < modulo, s);
+  return kk_detail::shuffle_and_fill_down<32>(v, fill, delta, modulo, s);
 }
 template <class T>
-KK_FN T quad_shuffle_and_fill_up(T v, T fill, uint delta, kk::site s = KK_SYNC_SITE("quad_shuffle_and_fill_up")) {
-  return simd_shuffle_and_fill_up(v, fill, delta, 4, s);
+KK_FN T quad_shuffle_and_fill_up(T v, T fill, uint delta, uint modulo = 4,
+                                 kk::site s = KK_SYNC_SITE("quad_shuffle_and_fill_up")) {
+  return kk_detail::shuffle_and_fill_up<4>(v, fill, delta, modulo, s);
 }
 template <class T>
-KK_FN T quad_shuffle_and_fill_down(T v, T fill, uint delta, kk::site s = KK_SYNC_SITE("quad_shuffle_and_fill_down")) {
-  return simd_shuffle_and_fill_down(v, fill, delta, 4, s);
+KK_FN T quad_shuffle_and_fill_down(T v, T fill, uint delta, uint modulo = 4,
+                                   kk::site s = KK_SYNC_SITE("quad_shuffle_and_fill_down")) {
+  return kk_detail::shuffle_and_fill_down<4>(v, fill, delta, modulo, s);
 }
 template <class T> KK_FN T simd_broadcast_first(T v, kk::site s = KK_SYNC_SITE("simd_broadcast_first")) {
   return kk::simd_shuffle(v, uint(kk::ctz32(kk::simd_active_mask(s))), s);

@@ -113,6 +113,16 @@ template <class T> using make_unsigned_t = typename make_unsigned<T>::type;
 
 template <class T> KK_FN T&& declval();  // unevaluated contexts only
 
+// is_convertible<From, To>: From converts implicitly to To (copy-initialisation `To t = from;`).
+namespace kk_detail {
+template <class To> KK_FN void accept(To);  // unevaluated contexts only
+template <class From, class To, class = void> struct is_convertible : false_type {};
+template <class From, class To>
+struct is_convertible<From, To, decltype(accept<To>(declval<From>()))> : true_type {};
+}  // namespace kk_detail
+template <class From, class To> struct is_convertible : kk_detail::is_convertible<From, To> {};
+template <class From, class To> constexpr bool is_convertible_v = is_convertible<From, To>::value;
+
 namespace kk_detail {
 // Builtin (non-class) integer and floating types: what C++'s own operators handle.
 template <class T>

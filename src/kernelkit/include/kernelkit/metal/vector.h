@@ -5,9 +5,10 @@
 // size and alignment of vec<T, 4> (float3 is 16 bytes). packed_* types have no
 // padding (packed_float3 is 12 bytes, aligned like float).
 //
-// Swizzles: the front end rewrites `v.xy` to `v.template swizzle<0, 1>()`. A
-// swizzle returns a *const* vector, so a swizzle on the left of `=` or `+=`
-// (not supported) is a compile error instead of a silent write to a temporary.
+// Swizzles: the front end rewrites `v.xy` to `v.template swizzle<0, 1>()`, a new
+// (const) vector, and `v.xy` left of an assignment (`=`, `+=`...) to
+// `v.template swizzle_ref<0, 1>()`, a reference to those components that writes
+// them (each component once, as MSL requires of an lvalue swizzle).
 #pragma once
 
 namespace metal {
@@ -46,7 +47,41 @@ KK_FN vec<R, N> vmap(F f, const V&... v) {
 }
 }  // namespace kk_detail
 
-// Members every vector has: indexing, swizzle, value_type.
+namespace kk_detail {
+template <unsigned... I> constexpr bool distinct() {
+  const unsigned c[] = {I...};
+  for (unsigned i = 0; i < sizeof...(I); ++i)
+    for (unsigned j = i + 1; j < sizeof...(I); ++j)
+      if (c[i] == c[j]) return false;
+  return true;
+}
+// Components I... of vector v (vec or packed) as an lvalue: assigned a vector of as many
+// components, or a scalar (every one), or updated by a compound assignment.
+template <class V, unsigned... I>
+struct swizzle_ref {
+  using T = typename V::value_type;
+  using value_type = vec<T, sizeof...(I)>;
+  static_assert(distinct<I...>(), "a swizzle written to names each component once");
+  V& v;
+  KK_FN value_type value() const { return value_type(component<I>::get(v)...); }
+  KK_FN operator value_type() const { return value(); }
+  KK_FN swizzle_ref& operator=(const value_type& r) {
+    unsigned k = 0;
+    ((component<I>::get(v) = r[k++]), ...);
+    return *this;
+  }
+  KK_FN swizzle_ref& operator=(const swizzle_ref& r) { return *this = r.value(); }
+  template <class S, enable_if_t<is_scalar<S>, int> = 0>
+  KK_FN swizzle_ref& operator=(S s) { return *this = value_type(s); }
+#define KK_SWIZZLE_UPDATE(op) \
+  template <class R> KK_FN swizzle_ref& operator op##=(const R& r) { return *this = value_type(value() op r); }
+  KK_SWIZZLE_UPDATE(+) KK_SWIZZLE_UPDATE(-) KK_SWIZZLE_UPDATE(*) KK_SWIZZLE_UPDATE(/) KK_SWIZZLE_UPDATE(%)
+  KK_SWIZZLE_UPDATE(&) KK_SWIZZLE_UPDATE(|) KK_SWIZZLE_UPDATE(^) KK_SWIZZLE_UPDATE(<<) KK_SWIZZLE_UPDATE(>>)
+#undef KK_SWIZZLE_UPDATE
+};
+}  // namespace kk_detail
+
+// Members every vector has: indexing, swizzles (read and written), value_type.
 #define KK_VEC_ACCESS(N)                                                                 \
   using value_type = T;                                                                  \
   KK_FN T& operator[](int i) { return reinterpret_cast<T*>(this)[i]; }                   \
@@ -55,6 +90,11 @@ KK_FN vec<R, N> vmap(F f, const V&... v) {
   KK_FN const vec<T, sizeof...(I)> swizzle() const {                                     \
     static_assert(((I < N) && ...), "swizzle component out of range");                  \
     return vec<T, sizeof...(I)>(kk_detail::component<I>::get(*this)...);                 \
+  }                                                                                      \
+  template <unsigned... I>                                                               \
+  KK_FN kk_detail::swizzle_ref<vec, I...> swizzle_ref() {                                \
+    static_assert(((I < N) && ...), "swizzle component out of range");                  \
+    return {*this};                                                                      \
   }
 
 template <class T>
@@ -198,6 +238,7 @@ KK_FN bool any(bool b) { return b; }
 // their operators forward to vec's.
 
 #define KK_PACKED_ACCESS(N)                                                              \
+  using value_type = T;                                                                  \
   packed_vec() = default;                                                                \
   KK_FN packed_vec(const vec<T, N>& v) { *this = v; }                                    \
   KK_FN operator vec<T, N>() const { return unpack(); }                                  \
@@ -207,6 +248,11 @@ KK_FN bool any(bool b) { return b; }
   KK_FN const vec<T, sizeof...(I)> swizzle() const {                                     \
     static_assert(((I < N) && ...), "swizzle component out of range");                  \
     return vec<T, sizeof...(I)>(kk_detail::component<I>::get(*this)...);                 \
+  }                                                                                      \
+  template <unsigned... I>                                                               \
+  KK_FN kk_detail::swizzle_ref<packed_vec, I...> swizzle_ref() {                         \
+    static_assert(((I < N) && ...), "swizzle component out of range");                  \
+    return {*this};                                                                      \
   }
 
 template <class T>

@@ -66,9 +66,9 @@ constexpr KK_FN int ceil_div(int a, int b) { return (a + b - 1) / b; }
 constexpr KK_FN int min_int(int a, int b) { return a < b ? a : b; }
 constexpr KK_FN int max_int(int a, int b) { return a > b ? a : b; }
 
-// The calling thread's lane in its SIMD-group, and the SIMD-group's index in the threadgroup
-// (Metal's thread_index_in_threadgroup / 32).
-KK_FN unsigned lane_id() { return kk::simd_lane(); }
+// The calling thread's lane in its SIMD-group (the hardware's: PTX fragments are laid out by it),
+// and the SIMD-group's index in the threadgroup (Metal's thread_index_in_threadgroup / 32).
+KK_FN unsigned lane_id() { return kk::hw_lane(); }
 KK_FN unsigned simdgroup_id() {
 #if defined(KK_TARGET_CUDA)
   return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) >> 5;
