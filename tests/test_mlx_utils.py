@@ -238,6 +238,38 @@ def test_complex64_buffers(device):
     torch.testing.assert_close(filled.cpu(), want)
 
 
+def test_simd_functions_move_values_with_constructors(device):
+    """Shuffles and reductions take any trivially copyable value, also one with constructors
+    (complex64_t, a header's struct)."""
+    header = """
+struct Pair {
+  float a; int b;
+  Pair() : a(0), b(0) {}
+  Pair(float a_, int b_) : a(a_), b(b_) {}
+};
+"""
+    body = """
+    uint i = thread_position_in_grid.x, lane = thread_index_in_simdgroup;
+    complex64_t z = complex64_t(x[i], float(lane));
+    complex64_t w = simd_shuffle_xor(z, 3u);
+    complex64_t s = simd_sum(z);
+    Pair p = simd_broadcast(Pair(x[i], int(lane) * 2), 5u);
+    out[4 * i] = w.real; out[4 * i + 1] = w.imag; out[4 * i + 2] = s.real + s.imag; out[4 * i + 3] = p.a + p.b;
+"""
+    k = kk.metal_kernel("simd_constructed", ["x"], ["out"], body, header=header)
+    n = 64
+    x = torch.randn(n, device=device)
+    out = k(inputs=[x], grid=(n, 1, 1), threadgroup=(n, 1, 1), output_shapes=[(n, 4)],
+            output_dtypes=[torch.float32])[0].cpu().double()
+    xc = x.cpu().double()
+    lane = torch.arange(n) % 32
+    src = torch.arange(n) // 32 * 32 + (lane ^ 3)
+    group = xc.view(2, 32).sum(1).repeat_interleave(32) + float(sum(range(32)))
+    five = torch.arange(n) // 32 * 32 + 5
+    ref = torch.stack([xc[src], lane[src].double(), group, xc[five] + 10.0], 1)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
 def test_complex64_in_a_cuda_kernel_is_a_clear_error():
     k = kk.cuda_kernel("complex_in_cuda", ["z"], ["out"], "out[threadIdx.x] = 0;")
     with pytest.raises(TypeError, match="view_as_real"):

@@ -66,25 +66,24 @@ struct bfloat_t { unsigned short bits; };
 namespace detail {
 constexpr unsigned full_mask = 0xffffffffu;
 
-// Any trivially copyable T moves through the shuffle network as 32-bit words.
+// Any trivially copyable T moves through the shuffle network as 32-bit words (copied bytewise,
+// so that a T with constructors, such as complex64_t, moves too).
 template <class T>
 struct words {
   static constexpr int n = (sizeof(T) + 3) / 4;
-  union {
-    T value;
-    unsigned w[n];
-  };
 };
 
 template <class T, class Shfl>
 KK_FN T shuffle_words(T v, Shfl shfl) {
-  words<T> in, out;
+  unsigned in[words<T>::n], out[words<T>::n];
 #pragma unroll
-  for (int i = 0; i < words<T>::n; ++i) in.w[i] = 0;  // defined padding bytes
-  in.value = v;
+  for (int i = 0; i < words<T>::n; ++i) in[i] = 0;  // defined padding bytes
+  memcpy(in, &v, sizeof(T));
 #pragma unroll
-  for (int i = 0; i < words<T>::n; ++i) out.w[i] = shfl(in.w[i]);
-  return out.value;
+  for (int i = 0; i < words<T>::n; ++i) out[i] = shfl(in[i]);
+  T r = v;
+  memcpy(&r, out, sizeof(T));
+  return r;
 }
 }  // namespace detail
 
