@@ -319,6 +319,20 @@ def test_without_the_extension_plans_run_in_python(device, monkeypatch):
         _call(k, x, shape=(-1,))
 
 
+def test_the_python_call_runs_a_c_plan(device):
+    """A call that began on the Python path while another thread loaded the extension finds a C plan
+    (a capsule) there: it runs it (the cache stress test's threads met this)."""
+    k = _kernel()
+    x = torch.randn(64, device=device)
+    for _ in range(3):
+        _call(k, x, shape=(2, 32))
+    (plan,) = k._plans.values()
+    assert not callable(plan)  # fastcall.cpp's plan
+    outputs = kernel._python_call(k._plans, [x, 2.0, 1], [(2, 32)], [torch.float32], (64, 1, 1), (32, 1, 1),
+                                  [("T", torch.float32)])
+    torch.testing.assert_close(outputs[0], (x * 2 + 1).view(2, 32))
+
+
 def test_plain_calls_with_a_plan_skip_the_python_call(device, monkeypatch):
     """Once fastcall is loaded, Kernel's tp_call runs a plain call's plan in C (none of
     __call__'s Python), and hands every other call to the Python __call__, which Dynamo traces."""
