@@ -193,6 +193,16 @@ def test_fast_math_is_applied(dialect, device, mode, expected):
     assert out.item() == expected
 
 
+def test_default_math_mode(dialect, device):
+    """Without compile_options: MLX's defaults, "safe" for metal_kernel (no __FAST_MATH__: MLX's
+    test_custom_metal_kernel_math_mode branches on it), NVRTC's "relaxed" for cuda_kernel."""
+    k = MAKE[dialect](name="fm_default", input_names=[], output_names=["out"], source=BODIES["fast_math"][dialect])
+    assert k.math_mode == {"metal": "safe", "cuda": "relaxed"}[dialect]
+    out = k(inputs=[], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)],
+            output_dtypes=[torch.int32], stream=device)[0]
+    assert out.item() == 0
+
+
 def test_compile_options_rejected(dialect):
     with pytest.raises(ValueError, match="unknown compile_options"):
         MAKE[dialect](name="k", input_names=[], output_names=["o"], source="", compile_options={"O": 3})
