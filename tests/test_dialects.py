@@ -203,6 +203,44 @@ def test_default_math_mode(dialect, device):
     assert out.item() == 0
 
 
+# a * b rounds off 2^-24 (a half-way case): a fused multiply-add keeps it, separate ones give 0
+FMA_INPUTS = [1 + 2**-12, 1 + 2**-12, -(1 + 2**-11)]
+
+
+@pytest.mark.parametrize("pragma", ["", "#pragma METAL fp contract(off)", "#pragma clang fp contract(off)",
+                                    "#pragma STDC FP_CONTRACT OFF"])
+def test_multiply_add_contraction(device, pragma):
+    """Metal's "safe" fuses a * b + c (MSL spec 1.6.3: contraction "on"), as NVRTC's -fmad does
+    on NVIDIA; a contract(off) pragma makes every product and sum round (the CPU's g++ never
+    fuses in "safe")."""
+    k = kk.metal_kernel(name="fma", input_names=["inp"], output_names=["out"],
+                        source=f"{pragma}\nout[0] = inp[0] * inp[1] + inp[2];")
+    assert k.fp_contract == (pragma == "")
+    x = torch.tensor(FMA_INPUTS, dtype=torch.float32, device=device)
+    out = k(inputs=[x], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)],
+            output_dtypes=[torch.float32])[0]
+    fused = device.type == "cuda" and pragma == ""
+    assert out.item() == (2.0**-24 if fused else 0.0)
+
+
+def test_math_mode_pragmas():
+    """`#pragma METAL fp math_mode(...)` sets the kernel's mode over compile_options (the
+    strictest named, as both compilers take one mode for a whole kernel); a bad mode is named."""
+    def make(header, source="out[0] = inp[0];", **kw):
+        return kk.metal_kernel(name="mm", input_names=["inp"], output_names=["out"], source=source,
+                               header=header, **kw)
+    assert make("#pragma METAL fp math_mode(fast)\n").math_mode == "fast"
+    assert make("#pragma METAL fp math_mode(relaxed)", compile_options={"math_mode": "fast"}).math_mode == "relaxed"
+    both = make("#pragma METAL fp math_mode(fast)\n", source="#pragma METAL fp math_mode(safe)\nout[0] = inp[0];")
+    assert both.math_mode == "safe" and both.fp_contract
+    assert not make("  #  pragma METAL fp contract(off)\n").fp_contract
+    assert make("#pragma METAL fp contract(fast)\n").fp_contract
+    with pytest.raises(ValueError, match=r"math_mode\(turbo\): expected one of safe, relaxed, fast"):
+        make("#pragma METAL fp math_mode(turbo)\n")
+    with pytest.raises(ValueError, match="unknown compile_options"):  # still checked beside a pragma
+        make("#pragma METAL fp math_mode(fast)\n", compile_options={"O": 3})
+
+
 def test_compile_options_rejected(dialect):
     with pytest.raises(ValueError, match="unknown compile_options"):
         MAKE[dialect](name="k", input_names=[], output_names=["o"], source="", compile_options={"O": 3})

@@ -92,6 +92,9 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
             `atomic_fetch_add_explicit` and the other Metal atomics.
         compile_options: `{"math_mode": "safe" | "relaxed" | "fast"}`; MLX's default "safe"
             (`metal::precise::` functions stay accurate, `metal::fast::` fast, in every mode).
+            As in Metal, "safe" fuses multiply-adds; `#pragma METAL fp contract(off)` in the
+            source turns that off and `#pragma METAL fp math_mode(...)` sets the mode, each for
+            the whole kernel (docs/msl.md).
 
     Returns:
         A kernel object; calling it compiles (once per dtypes, template values and device,

@@ -30,6 +30,7 @@ def uses_tensor_ops(source: str) -> bool:
 MMA_LANES = "#define KK_MMA_LANE_ORDER 1"
 
 
+MATH_MODES = ("safe", "relaxed", "fast")  # compile_options' math_mode, strictest first
 MATH_MACROS = {"safe": "KK_MATH_SAFE", "relaxed": "KK_MATH_RELAXED", "fast": "KK_MATH_FAST"}
 # The header that defines each target's entry machinery.
 _ENTRY_HEADER = {"cuda": "kernelkit/entry_cuda.h", "cpu": "kernelkit/cpu_group.h"}

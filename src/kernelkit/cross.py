@@ -44,7 +44,7 @@ def build_for(kernel, sig, arch: str) -> CompiledKernel:
     from .backends import cuda
     from .cache import CACHE, key_of
     source = kernel._generate("cuda", sig)
-    flags = tuple(kernel.dialect.compile_flags("cuda", kernel.math_mode))
+    flags = tuple(kernel.dialect.compile_flags("cuda", kernel.math_mode, kernel.fp_contract))
     target = cuda.target_arch(arch, source)
     try:
         binary = CACHE.get(key_of(source, kernel.math_mode, *flags, target, cuda.nvrtc_identity()),

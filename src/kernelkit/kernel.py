@@ -28,7 +28,6 @@ from .dialects import identifiers
 from .errors import CompileError
 from .signature import ATTRIBUTES, NDIM_CAPACITY, InputSpec, Signature, check_identifier, template_args
 
-MATH_MODES = ("safe", "relaxed", "fast")
 _POISON = os.environ.get("KERNELKIT_POISON_OUTPUTS", "") not in ("", "0")
 _is_compiling = torch.compiler.is_compiling  # (Dynamo folds it to True while it traces)
 
@@ -102,6 +101,8 @@ class Kernel:
         self.ensure_row_contiguous = bool(ensure_row_contiguous)
         self.atomic_outputs = bool(atomic_outputs)
         self.math_mode = self._math_mode(compile_options)
+        pragma_mode, self.fp_contract = dialect.fp_pragmas(header, source)  # MSL's `#pragma METAL fp`
+        self.math_mode = pragma_mode or self.math_mode
         if not isinstance(shared_memory, int) or shared_memory < 0:
             raise ValueError(f"[{self.caller}] shared_memory must be a non-negative int (bytes), "
                              f"got {shared_memory!r}.")
@@ -146,8 +147,8 @@ class Kernel:
             raise ValueError(f"[{self.caller}] unknown compile_options {sorted(unknown)}; "
                              "expected only 'math_mode'.")
         mode = options.get("math_mode", self.dialect.DEFAULT_MATH_MODE)
-        if mode not in MATH_MODES:
-            raise ValueError(f"[{self.caller}] math_mode {mode!r} is not one of {MATH_MODES}.")
+        if mode not in codegen.MATH_MODES:
+            raise ValueError(f"[{self.caller}] math_mode {mode!r} is not one of {codegen.MATH_MODES}.")
         return mode
 
     # --- the call ---------------------------------------------------------------------------
@@ -387,8 +388,8 @@ class Kernel:
         if plan is not None:  # the rewritten source: say so, should it not compile
             context += f" (its checked variant: {debugging.describe(plan.mode)})"
         try:
-            program = backend.build(source, device, self.math_mode,
-                                    tuple(self.dialect.compile_flags(backend.target, self.math_mode)),
+            flags = self.dialect.compile_flags(backend.target, self.math_mode, self.fp_contract)
+            program = backend.build(source, device, self.math_mode, tuple(flags),
                                     self.uses_sync, context, self.source, self.header,
                                     sig.block.size, codegen.entry_name(self.name))
         except CompileError as e:

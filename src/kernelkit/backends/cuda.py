@@ -28,9 +28,12 @@ from . import Fill, groups_per_grid
 INCLUDE = Path(__file__).resolve().parent.parent / "include"
 # "fast" is --use_fast_math less its rewriting of the C math functions into intrinsics: the
 # prelude picks the fast functions itself (KK_MATH_FAST), so that MSL's metal::precise:: stays
-# accurate in every mode.
+# accurate in every mode. "safe" fuses multiply-adds as Metal's does (MSL's safe mode sets
+# contraction "on": within a statement; NVRTC's -fmad has no such granularity and fuses across
+# statements too); a kernel's `#pragma METAL fp contract(off)` adds -fmad=false (extra), which
+# replaces the mode's.
 _MATH_FLAGS = {
-    "safe": ["-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"],
+    "safe": ["-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true"],
     "relaxed": ["-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true"],
     "fast": ["-ftz=true", "-prec-div=false", "-prec-sqrt=false", "-fmad=true"],
 }
@@ -143,6 +146,12 @@ def target_arch(arch: str, source: str) -> str:
     return arch + "a" if arch == "sm_90" and codegen.uses_tensor_ops(source) else arch
 
 
+def _math_flags(math_mode: str, extra: tuple[str, ...]) -> list[str]:
+    """The mode's flags less those `extra` sets itself (NVRTC warns of an option given twice)."""
+    named = {e.split("=")[0] for e in extra}
+    return [f for f in _MATH_FLAGS[math_mode] if f.split("=")[0] not in named]
+
+
 def compile_source(source: str, arch: str, math_mode: str, extra: tuple[str, ...] = ()) -> bytes:
     """CUDA C++ -> cubin for `arch` (e.g. "sm_90")."""
     nvrtc = _nvrtc()
@@ -150,7 +159,7 @@ def compile_source(source: str, arch: str, math_mode: str, extra: tuple[str, ...
     try:
         std = "-std=c++20" if codegen.uses_tensor_ops(source) else "-std=c++17"
         opts = [f"-arch={arch}", std, "-default-device", f"-I{INCLUDE}",
-                *(f"-I{d}" for d in cuda_include_dirs()), *_MATH_FLAGS[math_mode], *extra]
+                *(f"-I{d}" for d in cuda_include_dirs()), *_math_flags(math_mode, extra), *extra]
         opts = [o.encode() for o in opts]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(err) != 0:

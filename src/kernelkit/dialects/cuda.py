@@ -49,7 +49,12 @@ def uses_sync(idents: set[str]) -> bool:
     return any(_SYNC.fullmatch(i) for i in idents)
 
 
-def compile_flags(target: str, math_mode: str) -> list[str]:
+def fp_pragmas(header: str, body: str) -> tuple[str | None, bool]:
+    """CUDA C++ sets its math in compile options alone."""
+    return None, True
+
+
+def compile_flags(target: str, math_mode: str, contract: bool = True) -> list[str]:
     if target == "cuda":
         return ["--use_fast_math"] if math_mode == "fast" else []
     return [f"-I{_CPU_STUBS}"]  # <cuda_fp16.h>, <cooperative_groups.h>... in a user's header

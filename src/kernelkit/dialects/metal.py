@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from ..codegen import MATH_MODES
 from ..signature import Param, render_template_value
 from .tokens import Token, identifiers, tokenize, untokenize
 
@@ -71,6 +72,8 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
             m = re.match(r"#\s*define\s+\w+(?:\([^)]*\))?", t.text)
             if m:  # a macro's replacement text is MSL too
                 t.text = m.group() + lower(t.text[m.end():], avoid, program_scope=False)
+            elif _FP_PRAGMA.match(t.text):
+                t.text = ""  # read by fp_pragmas: the unit's compile flags
             else:
                 t.text = _loop_pragma(t.text)
             continue
@@ -248,8 +251,38 @@ def uses_simdgroup_matrix(header: str, body: str) -> bool:
         _SIMDGROUP_MATRIX.fullmatch(i) for i in identifiers(header) | identifiers(body))
 
 
-def compile_flags(target: str, math_mode: str) -> list[str]:
-    return []
+# MSL's floating-point pragmas (MSL spec 1.6.3; clang's and C's contraction pragmas too)
+_FP_PRAGMA = re.compile(r"#\s*pragma\s+(?:METAL\s+fp\s+(math_mode|contract)|clang\s+fp\s+(contract))\s*"
+                        r"\(\s*([\w-]+)\s*\)|#\s*pragma\s+STDC\s+(FP_CONTRACT)\s+(\w+)")
+
+
+def fp_pragmas(header: str, body: str) -> tuple[str | None, bool]:
+    """(math mode, contraction) that the source's `#pragma METAL fp math_mode(...)` and
+    `#pragma METAL fp contract(...)` (or clang's `fp contract`, C's `STDC FP_CONTRACT`) ask for.
+    Metal applies them from where they stand; NVRTC and g++ take these settings for a whole unit,
+    so the unit gets the strictest asked: the first of safe, relaxed, fast that a pragma names
+    (None: none names one), and contraction off where any pragma turns it off."""
+    modes, contract = set(), True
+    for text in (header, body):
+        for t in tokenize(text):
+            m = _FP_PRAGMA.match(t.text) if t.kind == "pp" else None
+            if m is None:
+                continue
+            what, value = m.group(1) or m.group(2) or m.group(4), (m.group(3) or m.group(5)).lower()
+            if what == "math_mode":
+                if value not in MATH_MODES:
+                    raise ValueError(f"[{NAME}] #pragma METAL fp math_mode({value}): expected one of "
+                                     f"{', '.join(MATH_MODES)}.")
+                modes.add(value)
+            elif value == "off":
+                contract = False
+    return next((m for m in MATH_MODES if m in modes), None), contract
+
+
+def compile_flags(target: str, math_mode: str, contract: bool = True) -> list[str]:
+    if contract:
+        return []
+    return ["-fmad=false"] if target == "cuda" else ["-ffp-contract=off"]
 
 
 def open_unit(header: str, body: str) -> list[str]:

@@ -2,6 +2,7 @@
 // X = 2^(floor(log2(amax)) - 8) (8: E4M3's largest exponent); each value is V / X in E4M3
 // (bias 7, no infinities, S.1111.111 NaN), rounded to nearest even and saturated to +-448.
 // Everything here is exact: powers of two are built from their bits, rounding is integer work.
+#pragma METAL fp contract(off)
 
 // E8M0 exponent of a block whose largest magnitude is amax: clamped to [-127, 127]; a zero or
 // subnormal amax gives -127 (E8M0's smallest), so its values encode as zeros or subnormals.

@@ -79,7 +79,7 @@ _TILE = (128, 64)
 _THREADS = 256
 
 # Exact bit work: no flushing of subnormals (a block of float32 subnormals has scale 2^-127 and
-# values that are not zero), no contractions.
+# values that are not zero); no contractions (mxfp8.metal's pragma).
 _EXACT = {"math_mode": "safe"}
 _quantize = metal_kernel(name="quantize_mxfp8", input_names=["x", "n", "blocks"],
                          output_names=["data", "scales"], source=_QUANTIZE, header=_HEADER, compile_options=_EXACT)
