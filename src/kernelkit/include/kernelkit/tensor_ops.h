@@ -3,8 +3,8 @@
 //
 // A kernel that names them is compiled as C++20 and generated with KK_TENSOR_OPS defined
 // (dialects: `defines`), and this header follows the dialect's prelude: MSL bodies include
-// <metal_tensor>, <MetalPerformancePrimitives/MetalPerformancePrimitives.h> or
-// <metal_simdgroup_matrix> (empty: everything is here), CUDA bodies <kernelkit/tensor_ops.h>.
+// <metal_tensor>, <metal_cooperative_tensor>, <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+// or <metal_simdgroup_matrix> (empty: everything is here), CUDA bodies <kernelkit/tensor_ops.h>.
 // One header per concept, in the order they build on each other; DESIGN.md "Tensor ops".
 #pragma once
 

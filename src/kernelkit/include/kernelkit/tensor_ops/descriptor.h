@@ -51,8 +51,11 @@ struct matmul2d_descriptor {
       : m(__m), n(__n), k(__k), transpose_left(__transpose_left), transpose_right(__transpose_right),
         relaxed_precision(__relaxed_precision), matmul_mode(__matmul_mode) {}
 
-  // K comes from the operands at run time (either spelling Apple uses).
-  constexpr KK_FN bool dynamic_k() const { return k == static_cast<int>(metal::dynamic_extent) || k == dynamic_length_v<int>; }
+  // K comes from the operands at run time: either spelling of the header, or 0, which the Metal
+  // Shading Language specification's matmul2d examples pass (§7.2.1: matmul2d_descriptor(64, 32, 0)).
+  constexpr KK_FN bool dynamic_k() const {
+    return k == static_cast<int>(metal::dynamic_extent) || k == dynamic_length_v<int> || k == 0;
+  }
 };
 
 enum class reduction_operation { sum, max, min };

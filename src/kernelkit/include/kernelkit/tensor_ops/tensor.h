@@ -128,13 +128,17 @@ struct tensor {
     shift_plane(s.plane, o);
     return s;
   }
-  // One template for both ranks: NVRTC takes two enable_if overloads that differ only in a
-  // condition on R for redeclarations once R is known (a rank-3 tensor failed to compile there).
-  template <class... Is, kk::tops::enable_if_t<sizeof...(Is) == R && (R == 1 || R == 2), int> = 0>
+  // slice(origin...): every extent dynamic, at any rank (<metal_tensor> forwards the same way).
+  template <class... Is, kk::tops::enable_if_t<sizeof...(Is) == R, int> = 0>
   KK_FN auto slice(Is... origin) const {
-    if constexpr (R == 2) return slice<dynamic_extent, dynamic_extent>(origin...);
-    else return slice<dynamic_extent>(origin...);
+    return [&]<kk::tops::usize... E>(metal::extents<index_type, E...>) {
+      return this->template slice<E...>(origin...);
+    }(dextents<index_type, R>());
   }
+  // Apple's header comments write the static form static_slice<E...>(origin...), a name
+  // <metal_tensor> lacks: kernels copied from them get slice<E...>.
+  template <kk::tops::usize... E, class... Is>
+  KK_FN auto static_slice(Is... origin) const { return slice<E...>(origin...); }
 
   // The same tensor type with other extents (and the offset tag a sliced handle carries).
   template <class E2> struct with_extents {
