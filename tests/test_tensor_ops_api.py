@@ -151,7 +151,7 @@ def test_element_pointer_overloads_and_const_map_iterator(device):
     c = k(inputs=[a, b], output_shapes=[(20, 12)], output_dtypes=[torch.float32],
           grid=(32, 1, 1), threadgroup=(32, 1, 1))[0]
     s = a.double() @ b.double()
-    rows, cols = torch.meshgrid(torch.arange(20.0), torch.arange(12.0), indexing="ij")
+    rows, cols = torch.meshgrid(torch.arange(20.0, device=device), torch.arange(12.0, device=device), indexing="ij")
     ref = s - s.max(1, keepdim=True).values + 10 * cols.double() + 1000 * rows.double()
     torch.testing.assert_close(c.double().cpu(), ref.cpu(), rtol=1e-5, atol=1e-3)
 
