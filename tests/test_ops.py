@@ -400,11 +400,11 @@ def test_matmul_add_relu_wide_tiles(device, dtype):
 
 def _persistent_cases(dtype):
     """(lhs, rhs, bias) that the persistent Hopper GEMM takes: each operand majorness, edges off
-    the 256 x 128 tiles (a tile's last 64 columns or last 128 rows wholly outside) and K off its
-    64-element stages, a broadcast rhs, more tiles than an H100 has SMs; full biases (staged by
-    TMA: one a batch, one for all batches), a row for all rows and a full bias TMA cannot read
-    (pairs loaded by the layer), a column (loaded by the epilogue), and none (the backward's
-    products)."""
+    the 128 x 256 tiles (a tile's last quarters of 64 columns or a warpgroup's 64 rows wholly
+    outside) and K off its 64-element stages, a broadcast rhs, more tiles than an H100 has SMs;
+    full biases (staged by TMA: one a batch, one for all batches), a row for all rows and a full
+    bias TMA cannot read (pairs loaded by the layer), a column (loaded by the epilogue), and none
+    (the backward's products)."""
     def r(*shape):
         return torch.randn(shape, device="cuda").to(dtype)
     return [

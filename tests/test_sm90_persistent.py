@@ -33,7 +33,7 @@ def _kernel():
 
 def _launch(kernel, a, b, residual, staged):
     M, N = a.shape[0], b.shape[1]
-    tiles = math.ceil(M / 256) * math.ceil(N / 128)
+    tiles = math.ceil(M / 128) * math.ceil(N / 256)
     ctas = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
     return kernel(inputs=[a, b, residual], template=[("T", a.dtype), ("STAGED", staged)], output_shapes=[(M, N)],
                   output_dtypes=[a.dtype], grid=(ctas * 384, 1, 1), threadgroup=(384, 1, 1))[0]

@@ -94,7 +94,7 @@ def _persistent(lhs, rhs, bias, out_shape, relu: bool) -> torch.Tensor | None:
     pairs = s[2] == 1 and s[0] % 2 == 0 and s[1] % 2 == 0 and aligned(c, 4)
     tiles = pairs and s[1] > 0 and s[1] % 8 == 0 and s[0] % 8 == 0 and aligned(c, 16)
     mode = 0 if bias is None else 3 if tiles else 1 if pairs else 2
-    launch = hopper.launch(dev, a.shape[0] * -(-M // 256) * -(-N // 128))
+    launch = hopper.launch(dev, a.shape[0] * -(-M // 128) * -(-N // 256))
     if launch is None:
         return None
     template = [("T", lhs.dtype), ("KA", ka), ("KB", kb), ("BIAS", mode), ("RELU", int(relu))]

@@ -1,6 +1,6 @@
 // relu(lhs @ rhs + bias) on Hopper (sm_90a), 16-bit types: the tensor-op layer's persistent GEMM
 // (tensor_ops/sm90_persistent.h) with the bias and relu as its epilogue. One threadgroup an SM
-// walks the 256 x 128 output tiles; matmul_add_relu.metal is the same op on every other path.
+// walks the 128 x 256 output tiles; matmul_add_relu.metal is the same op on every other path.
 // Inputs are 3-D views (batch, rows, columns) with the output's batch count; an operand whose
 // batch stride is 0 is one matrix for every batch. Template values: T, KA / KB (lhs / rhs
 // K-major), BIAS (0: none; 1: the layer loads the bias a pair at a time under the main loop, its

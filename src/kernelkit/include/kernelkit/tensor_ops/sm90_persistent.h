@@ -1,6 +1,6 @@
 // kernelkit/tensor_ops/sm90_persistent.h: a persistent, warp-specialised Hopper GEMM for kernels
 // that own a whole launch (library ops such as matmul_add_relu): C[b] = epilogue(A[b] * B[b]) for
-// a batch of 16-bit matrices, 256 x 128 tiles, one threadgroup an SM walking the tiles.
+// a batch of 16-bit matrices, 128 x 256 tiles, one threadgroup an SM walking the tiles.
 //
 // Why beside warpgroup_gemm (sm90_wgmma.h): a `run` there is one tile of a threadgroup that the
 // talk's kernel launches per tile, so each tile pays the tensor maps' set-up (~2 us), its first
@@ -47,16 +47,18 @@
 //   thread, then the producer warpgroup gives its registers to the consumers (setmaxnreg: 40
 //   and 232, as CUTLASS's warp-specialised kernels).
 //
-// Pipeline: 4 stages of A (256 x 128 bytes of K) and B (128 x 128 bytes), full and empty
+// Pipeline: 4 stages of A (128 x 128 bytes of K) and B (256 x 128 bytes), full and empty
 // mbarriers; the producer's first thread issues each stage's copies once its stage is released.
-// Each consumer warpgroup computes 128 rows of the tile (wgmma m64n128k16, two 64-row blocks),
-// one MMA group in flight. Pairs: the source's tile is prefetched into L2 at the tile's start,
-// and under the last MMAs each thread loads its 64 pairs of it at once; staged: the producer
-// prefetches it into L2 16 K steps before the tile's end and copies it into the two stages
-// after its K steps (a warpgroup's 128 rows each, in the output buffers' layout), and each
+// Each consumer warpgroup computes 64 rows of the tile, one wgmma m64n256k16 a K step, one MMA
+// group in flight: each wgmma reads A's 2 KB and B's 8 KB from shared memory, 20 KB a K step for
+// the tile where 256 x 128 tiles (two m64n128 a warpgroup) read 24 KB (+2-3% on the H200:
+// bench/notes/sm90_wgmma.md, Session 30). Pairs: the source's tile is prefetched into L2 at the
+// tile's start, and under the last MMAs each thread loads its 64 pairs of it at once; staged: the
+// producer prefetches it into L2 16 K steps before the tile's end and copies it into the two
+// stages after its K steps (a warpgroup's 64 rows each, in the output buffers' layout), and each
 // warpgroup reads its pairs out, freeing its stage once its first store is queued. Then the
-// warpgroup maps its 128 x 128 in two halves of 64 columns: pairs into its 16 KB buffer
-// (128-byte swizzle), a TMA store each. Measured against the alternatives
+// warpgroup maps its 64 x 256 in four quarters of 64 columns: pairs into one of its two 8 KB
+// buffers in turn (128-byte swizzle), a TMA store each. Measured against the alternatives
 // (bench/notes/sm90_wgmma.md): the source read from DRAM in the epilogue cost ~17 us a tile;
 // staged by TMA into 32 KB buffers of its own it cost a stage (3 instead of 4: -6% at 8 x 2048^3
 // and -10% at 8192^3 on the main loop alone); prefetched four K steps before the end it came late
@@ -71,7 +73,7 @@ namespace kk::tops::sm90 {
 
 template <class T, bool KA, bool KB, int Band = 16, bool StagedSource = false>
 struct persistent_gemm {
-  static constexpr int BM = 256, BN = 128, Stages = 4, threads = 384, consumer_threads = 256;
+  static constexpr int BM = 128, BN = 256, Stages = 4, threads = 384, consumer_threads = 256;
   static constexpr int E = wgmma_type<T>::id;
   static constexpr bool supported = detail::arch_ok && (E == F16 || E == BF16);
   static constexpr int BK = 64;                                // K elements a stage
@@ -79,7 +81,9 @@ struct persistent_gemm {
   // A's and B's stage layouts (sm90_wgmma.h): TMA copies into them, descriptors read them
   using A16 = detail::stager<T, BM, KA, consumer_threads>;
   using B16 = detail::stager<T, BN, KB, consumer_threads>;
-  static constexpr int half_bytes = 128 * 128;                 // a warpgroup's 128 x 64 outputs
+  static constexpr int WM = BM / 2;                            // a warpgroup's rows of the tile
+  static constexpr int quarter_bytes = WM * 128;               // its 64 x 64 outputs (a TMA box)
+  static constexpr int half_bytes = 2 * quarter_bytes;         // its output buffer: two quarters
   // K steps before a tile's end at which a staged source is prefetched into L2: at the tile's
   // start it was evicted again at K = 2048 (611 against 650 TFLOP/s, bf16 8 x 2048^3)
   static constexpr int source_lead = 16;
@@ -116,9 +120,9 @@ struct persistent_gemm {
         else make_map<et>(maps, a.p, M, K, a.row_stride * 2, 64, BK, a.batches, batch_bytes(a, K));
         if (KB) make_map<et>(maps + 128, b.p, K, N, b.row_stride * 2, BK, BN, b.batches, batch_bytes(b, N));
         else make_map<et>(maps + 128, b.p, N, K, b.row_stride * 2, 64, BK, b.batches, batch_bytes(b, K));
-        make_map<et>(maps + 256, c, N, M, (unsigned long long)N * 2, 64, 128, batches, (unsigned long long)M * N * 2);
+        make_map<et>(maps + 256, c, N, M, (unsigned long long)N * 2, 64, WM, batches, (unsigned long long)M * N * 2);
         if (StagedSource && source.p != nullptr)
-          make_map<et>(maps + 384, source.p, N, M, source.row_stride * 2, 64, 128, source.batches,
+          make_map<et>(maps + 384, source.p, N, M, source.row_stride * 2, 64, WM, source.batches,
                        batch_bytes(source, M));
         ring_init(full, empty, Stages, consumer_threads / 32);
       });
@@ -152,9 +156,9 @@ struct persistent_gemm {
           const int ba = a.batches == 1 ? 0 : bt, bb = b.batches == 1 ? 0 : bt, bs = source.batches == 1 ? 0 : bt;
           for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             if (staged && kt == max(0, k_tiles - source_lead))  // into L2, so that its stages land at once
-              for (int q = 0; q < 4; ++q)
-                if (m0 + 128 * (q >> 1) < M && n0 + 64 * (q & 1) < N)
-                  tma_prefetch_3d(map_s, n0 + 64 * (q & 1), m0 + 128 * (q >> 1), bs);
+              for (int q = 0; q < 2 * BN / 64; ++q)
+                if (m0 + WM * (q & 1) < M && n0 + 64 * (q >> 1) < N)
+                  tma_prefetch_3d(map_s, n0 + 64 * (q >> 1), m0 + WM * (q & 1), bs);
             unsigned bar;
             const unsigned dst = next(bar);
             mbar_expect_tx(bar, stage_bytes);
@@ -162,13 +166,13 @@ struct persistent_gemm {
             B16::issue(dst + a_bytes, map_b, kt * BK, n0, bb, bar);
           }
           for (int wg = 0; staged && wg < 2; ++wg, ++it) {
-            // warpgroup wg's 128 rows of the source, two boxes of 64 columns as its output buffer
-            // holds them; boxes wholly past the edges are not copied (their pairs are not stored)
+            // warpgroup wg's rows of the source, four boxes of 64 columns in the output buffers'
+            // layout; boxes wholly past the edges are not copied (their pairs are not stored)
             unsigned bar;
             const unsigned dst = next(bar);
-            const int row = m0 + 128 * wg, boxes = row < M ? (n0 + 64 < N ? 2 : 1) : 0;
-            mbar_expect_tx(bar, boxes * half_bytes);
-            for (int h = 0; h < boxes; ++h) tma_load_3d(dst + h * half_bytes, map_s, n0 + 64 * h, row, bs, bar);
+            const int row = m0 + WM * wg, boxes = row < M ? min(BN / 64, (N - n0 + 63) / 64) : 0;
+            mbar_expect_tx(bar, boxes * quarter_bytes);
+            for (int q = 0; q < boxes; ++q) tma_load_3d(dst + q * quarter_bytes, map_s, n0 + 64 * q, row, bs, bar);
           }
         }
       }
@@ -206,10 +210,10 @@ struct persistent_gemm {
                                  const operand& source, const void* map_c, int M, int N, int tiles, int per_batch,
                                  int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
     using namespace detail;
-    constexpr int n_acc = 128;  // 128 rows x 128 columns a warpgroup
+    constexpr int n_acc = WM * BN / 128;  // 64 rows x 256 columns a warpgroup: one m64n256 wgmma a K step
     const int wg = t >> 7, tw = t & 127, w = tw >> 5, l = tw & 31, barrier = 1 + wg;
-    // This thread's pair p = (mi, j / 2) is (row0 + row_of(p), col_of(p)) of the tile
-    const auto row_of = [&](int mi, int j) { return mi * 64 + w * 16 + (l >> 2) + 8 * ((j >> 1) & 1); };
+    // This thread's pair j / 2 is (row0 + row_of(j), col_of(j)) of the tile
+    const auto row_of = [&](int j) { return w * 16 + (l >> 2) + 8 * ((j >> 1) & 1); };
     const auto col_of = [&](int j) { return (j >> 2) * 8 + (l & 3) * 2; };
     if (tw == 0) acquire_map(map_c);
     float acc[n_acc];
@@ -218,11 +222,11 @@ struct persistent_gemm {
     for (int tile = int(blockIdx.x); tile < tiles; tile += int(gridDim.x)) {
       int bt, m0, n0;
       where(tile, per_batch, tiles_m, tiles_n, bt, m0, n0);
-      const int row0 = m0 + wg * 128;
-      if (!StagedSource && source.p != nullptr && row0 + tw < M) {
-        // the source's rows of this warpgroup into L2 (a row of the tile a thread), read under the
-        // last MMAs
-        const T* r = source_row(source, bt, row0 + tw) + n0;
+      const int row0 = m0 + wg * WM;
+      if (!StagedSource && source.p != nullptr && row0 + (tw & (WM - 1)) < M) {
+        // the source's rows of this warpgroup into L2 (half a row of the tile a thread), read
+        // under the last MMAs
+        const T* r = source_row(source, bt, row0 + (tw & (WM - 1))) + n0 + (tw / WM) * (BN / 2);
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(r));
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(r + 64));
       }
@@ -235,13 +239,9 @@ struct persistent_gemm {
         for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const unsigned long long db = B16::desc(b_tile, 0, kk);
-#pragma unroll
-          for (int mi = 0; mi < 2; ++mi)
-            mma<BN, E, E, KA ? 0 : 1, KB ? 0 : 1>(acc + mi * 64, A16::desc(a_tile, 2 * wg + mi, kk), db,
-                                                   kt > 0 || kk > 0);
-        }
+        for (int kk = 0; kk < 4; ++kk)
+          mma<BN, E, E, KA ? 0 : 1, KB ? 0 : 1>(acc, A16::desc(a_tile, wg, kk), B16::desc(b_tile, 0, kk),
+                                                 kt > 0 || kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int i = 0; i < n_acc; ++i) fence_operand(acc[i]);
@@ -250,23 +250,21 @@ struct persistent_gemm {
       }
       if (!StagedSource && source.p != nullptr) {
         // This thread's pairs of the source, all loads in flight together under the last MMAs: its
-        // four rows' pointers, then constant offsets (a pair's columns are inside N when its
+        // two rows' pointers, then constant offsets (a pair's columns are inside N when its
         // 8-column block is: N % 8 == 0).
-        const T* rp[4];
-        bool rv[4];
+        const T* rp[2];
+        bool rv[2];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = row0 + row_of(r >> 1, (r & 1) * 2);
-          rv[r] = row < M;
-          rp[r] = source_row(source, bt, rv[r] ? row : 0) + n0 + col_of(0);
+        for (int h = 0; h < 2; ++h) {
+          const int row = row0 + row_of(2 * h);
+          rv[h] = row < M;
+          rp[h] = source_row(source, bt, rv[h] ? row : 0) + n0 + col_of(0);
         }
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int j = 0; j < 64; j += 2) {
-            const int r = mi * 2 + ((j >> 1) & 1);
-            src[mi * 32 + j / 2] = rv[r] && n0 + (j >> 2) * 8 < N ? ldg_u32(rp[r] + (j >> 2) * 8) : 0u;
-          }
+        for (int j = 0; j < n_acc; j += 2) {
+          const int h = (j >> 1) & 1;
+          src[j / 2] = rv[h] && n0 + (j >> 2) * 8 < N ? ldg_u32(rp[h] + (j >> 2) * 8) : 0u;
+        }
       }
 
       wgmma_wait<0>();
@@ -282,44 +280,42 @@ struct persistent_gemm {
         staged = (it + wg) % Stages;
         const unsigned stage = base + staged * stage_bytes;
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int j = 0; j < 64; j += 2) {
-            const int row = row_of(mi, j), cb = col_of(j) * 2;  // byte in the 256-byte row of 128 columns
-            src[mi * 32 + j / 2] = ld_shared_u32(stage + (cb >> 7) * half_bytes + row * 128 +
-                                                 ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15));
-          }
+        for (int j = 0; j < n_acc; j += 2) {
+          const int row = row_of(j), cb = col_of(j) * 2;  // byte in the 512-byte row of 256 columns
+          src[j / 2] = ld_shared_u32(stage + (cb >> 7) * quarter_bytes + row * 128 +
+                                     ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15));
+        }
         it += 2;
       }
-      // Epilogue: two halves of 64 columns through this warpgroup's buffer, a TMA store each.
+      // Epilogue: four quarters of 64 columns through this warpgroup's two buffers in turn, a TMA
+      // store each (a buffer is refilled once the store before last has read it).
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (tw == 0) bulk_wait_read();  // the previous store has read the buffer
+      for (int q = 0; q < BN / 64; ++q) {
+        const unsigned buffer = out + (q & 1) * quarter_bytes;
+        if (tw == 0) bulk_wait_read<1>();
         named_barrier(barrier, 128);
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int j = 32 * h; j < 32 * h + 32; j += 2) {
-            const int i = mi * 64 + j, row = row_of(mi, j), col = col_of(j);
-            float s0 = 0.0f, s1 = 0.0f;
-            if (source.p != nullptr) unpack_pair<T>(src[i / 2], s0, s1);
-            float v0 = acc[i], v1 = acc[i + 1];
-            epilogue(v0, v1, s0, s1, bt, row0 + row, n0 + col);
-            const int cb = (col - 64 * h) * 2;  // byte in the buffer's 128-byte row (the staged source's too)
-            st_shared(out + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15), pack_pair<T>(v0, v1));
-          }
+        for (int j = 32 * q; j < 32 * q + 32; j += 2) {
+          const int row = row_of(j), col = col_of(j);
+          float s0 = 0.0f, s1 = 0.0f;
+          if (source.p != nullptr) unpack_pair<T>(src[j / 2], s0, s1);
+          float v0 = acc[j], v1 = acc[j + 1];
+          epilogue(v0, v1, s0, s1, bt, row0 + row, n0 + col);
+          const int cb = (col - 64 * q) * 2;  // byte in the buffer's 128-byte row (the staged source's too)
+          st_shared(buffer + row * 128 + ((((cb >> 4) ^ row) & 7) << 4) + (cb & 15), pack_pair<T>(v0, v1));
+        }
         fence_proxy_async();
         named_barrier(barrier, 128);
         if (tw == 0) {
-          tma_store_3d(map_c, out, n0 + 64 * h, row0, bt);
+          tma_store_3d(map_c, buffer, n0 + 64 * q, row0, bt);
           bulk_commit();
         }
         // The source's stage freed by this warpgroup's warps (two arrivals each: the other
         // warpgroup never touches it) once the first store is queued: the copies it lets the
         // producer issue (the next tile's) would otherwise queue ahead of this tile's stores in
-        // the SM's TMA unit, and the second half waits for the first store's read (measured:
-        // 596 against 704 TFLOP/s at bf16 8 x 2048^3 with the stores or the source alone).
-        if (h == 0 && staged >= 0 && (t & 31) == 0) mbar_arrive_count(empty + 8 * staged, 2);
+        // the SM's TMA unit (measured: 596 against 704 TFLOP/s at bf16 8 x 2048^3 with the
+        // stores or the source alone).
+        if (q == 0 && staged >= 0 && (t & 31) == 0) mbar_arrive_count(empty + 8 * staged, 2);
       }
     }
     if (tw == 0) bulk_wait();

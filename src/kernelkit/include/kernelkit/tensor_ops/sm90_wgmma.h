@@ -251,7 +251,10 @@ __device__ __forceinline__ void bulk_reduce_add_if(float* dst, unsigned src, uns
                ::"l"(dst), "r"(src), "r"(bytes), "r"(int(pred)) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// (bulk_wait_read<N>: all but the N most recent groups have read their shared memory)
+template <int N = 0> __device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Tensor maps made on the device (as Triton's device-side descriptors): zeroed in shared memory,
