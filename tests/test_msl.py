@@ -207,6 +207,34 @@ VEC_INT = [
 ]
 
 
+def test_compound_assignment_of_half_and_bfloat_to_builtins(device):
+    """`float s; s += h;` (and -=, *=, /=, and on ints) with a half or bfloat right operand, as
+    MLX's quantized kernels accumulate: s = s op h in Metal's promotion, converted back to s's
+    type (a real-world kernel failed to compile: mlx-vlm's qwen3_5 verify kernel)."""
+    body = """
+    uint i = thread_position_in_grid.x;
+    float s = f[i];
+    s += h[i]; s *= b[i]; s -= h[i]; s /= b[i];
+    int n = int(f[i]);
+    n += h[i]; n *= b[i];
+    out[i * 2 + 0] = s;
+    out[i * 2 + 1] = float(n);
+"""
+    k = kk.metal_kernel(name="compound_f16", input_names=["f", "h", "b"], output_names=["out"], source=body)
+    n = 64
+    f = torch.randn(n, device=device) * 8
+    h = (torch.rand(n, device=device) + 0.5).half()
+    b = (torch.rand(n, device=device) + 0.5).bfloat16()
+    out = launch(k, device, [f, h, b], [(n, 2)], [torch.float32], (n, 1, 1), (32, 1, 1))[0]
+    s = f.clone()
+    s = s + h.float(); s = s * b.float(); s = s - h.float(); s = s / b.float()
+    m = f.to(torch.int32)
+    m = (m + h).to(torch.int32)  # int op half is half, int op bfloat bfloat: torch promotes alike
+    m = (m * b).to(torch.int32)
+    torch.testing.assert_close(out[:, 0], s, rtol=1e-6, atol=1e-6)
+    assert torch.equal(out[:, 1], m.float())
+
+
 def test_vector_types(device):
     body = """
     uint i = thread_position_in_grid.x;

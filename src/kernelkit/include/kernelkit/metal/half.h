@@ -139,6 +139,17 @@ KK_F16_ARITH(*)
 KK_F16_ARITH(/)
 #undef KK_F16_ARITH
 
+// A built-in left operand: `float s; s += h;` is s = s + h, converted back to s's type, as in
+// Metal (C++'s built-in candidates can't take a half: it converts to float and double alike).
+#define KK_F16_COMPOUND(op)                                                        \
+  template <class A, class F, enable_if_t<is_builtin_arith<A>, int> = 0>           \
+  KK_FN A& operator op##=(A& a, float16<F> b) { return a = static_cast<A>(a op b); }
+KK_F16_COMPOUND(+)
+KK_F16_COMPOUND(-)
+KK_F16_COMPOUND(*)
+KK_F16_COMPOUND(/)
+#undef KK_F16_COMPOUND
+
 #define KK_F16_COMPARE(op)                                                          \
   template <class A, class B, class R = f16_promote_t<A, B>>                        \
   KK_FN bool operator op(A a, B b) {                                                \
