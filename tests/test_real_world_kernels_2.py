@@ -1339,7 +1339,7 @@ def test_mlx_primitives_int4_linear(device):
                  threadgroup=(min(out_features, 64), 1, 1),
                  output_shapes=[(batch_size, seq_len, out_features)],
                  output_dtypes=[torch.float32])[0]
-    close(out, x.double() @ w.T + bias.double(), rtol=1e-4, atol=1e-4)
+    close(out, x.double().cpu() @ w.T + bias.double().cpu(), rtol=1e-4, atol=1e-4)
 
 
 def test_mlx_primitives_int4_linear_vectorized(device):
@@ -1363,7 +1363,7 @@ def test_mlx_primitives_int4_linear_vectorized(device):
                  threadgroup=(min(out_features, 64), 1, 1),
                  output_shapes=[(batch_size, seq_len, out_features)],
                  output_dtypes=[torch.float32])[0]
-    flat = x.double().reshape(-1)
+    flat = x.double().cpu().reshape(-1)
     expected = torch.zeros(batch_size, seq_len, out_features, dtype=torch.float64)
     for b in range(batch_size):
         for s in range(seq_len):
@@ -1371,7 +1371,7 @@ def test_mlx_primitives_int4_linear_vectorized(device):
             # element 8*d8 + j reads X4[base + 2*d8 + j // 4] (one float, splat)
             xs = torch.stack([flat[base + 2 * d8 + j // 4] for d8 in range(in_features // 8)
                               for j in range(8)])
-            expected[b, s] = w @ xs + bias.double()
+            expected[b, s] = w @ xs + bias.double().cpu()
     close(out, expected, rtol=1e-4, atol=1e-4)
 
 
