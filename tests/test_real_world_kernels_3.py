@@ -1407,7 +1407,9 @@ def test_turboquant_unpack_lowbit(device):
 
 def test_turboquant_mse_score_tiled(device):
     """Blaizzy/mlx-vlm, mlx_vlm/turboquant.py: _mse_score_tiled_kernel(R): q . codebook[idx] * norm
-    for R query heads per KV head, queries held in registers over a 64-token tile (3-bit keys)."""
+    for R query heads per KV head, queries held in registers over a 64-token tile (3-bit keys).
+    D a multiple of 32: the original reads packed words past a row (and past the buffer for the
+    last token) otherwise."""
     B, H, R, D, T, bits = 1, 2, 3, 128, 100, 3
     q_rot = torch.randn(B, H, R, D)
     norms = (torch.rand(B, H, T) + 0.5).half()
@@ -1571,7 +1573,8 @@ def test_turboquant_fused_mse_decode(device):
 def test_turboquant_fused_kv_quantize(device):
     """Blaizzy/mlx-vlm, mlx_vlm/turboquant.py: _fused_kv_quantize_kernel: keys (grid.y = 0) and
     values (grid.y = 1) each normed across 8 simdgroups, rotated, quantized against midpoints and
-    packed a word per thread (3-bit keys, 2-bit values, fp16 norms)."""
+    packed a word per thread (3-bit keys, 2-bit values, fp16 norms). D = 256: the original always
+    reads all 8 simdgroups' partial norms, uninitialised threadgroup memory below that."""
     key_bits, val_bits, D, BH = 3, 2, 256, 3
     keys, vals = (torch.randn(2, BH, D) * 2).half()
     k_rot, v_rot = _orthogonal(D), _orthogonal(D)
@@ -1604,7 +1607,8 @@ def _hadamard(n):
 def test_turboquant_fused_prod_quantize_rht(device):
     """Blaizzy/mlx-vlm, mlx_vlm/turboquant.py: _fused_prod_quantize_kernel(use_rht=True): norm,
     randomized Hadamard rotation (butterfly in threadgroup memory), 2-bit MSE quantization, the
-    residual's norm and the packed signs of its QJL projection."""
+    residual's norm and the packed signs of its QJL projection. D a power of two: otherwise the
+    original's padding lanes overwrite element 0 and its transform overruns v[DimsPerLane]."""
     mse_bits, D, BH = 2, 128, 4
     vectors = (torch.randn(BH, D) * 3).half()
     sign_vec = torch.randint(0, 2, (D,)).float() * 2 - 1
@@ -2422,7 +2426,8 @@ def _f32(a):
 def test_mlx_atomistic_settle_water_positions(device):
     """appautomaton/mlx-atomistic, src/mlx_atomistic/metal_kernels.py: SETTLE, the analytical
     solution of the rigid-water position constraints (float3 math, rint minimum images through
-    `constant` box pointers, in a periodic box the waters straddle)."""
+    `constant` box pointers, in a periodic box the waters straddle). Compared modulo the box: the
+    original rebuilds a straddling water from its oxygen's image, whole box lengths apart."""
     n, box = 24, 1.2
     reference = _waters(n, box)
     predicted = reference + np.random.randn(n, 3, 3) * 0.003
