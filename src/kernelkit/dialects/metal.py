@@ -263,6 +263,8 @@ def fp_pragmas(header: str, body: str) -> tuple[str | None, bool]:
     so the unit gets the strictest asked: the first of safe, relaxed, fast that a pragma names
     (None: none names one), and contraction off where any pragma turns it off."""
     modes, contract = set(), True
+    if "pragma" not in header and "pragma" not in body:  # the usual kernel: no second tokenizing
+        return None, contract
     for text in (header, body):
         for t in tokenize(text):
             m = _FP_PRAGMA.match(t.text) if t.kind == "pp" else None
