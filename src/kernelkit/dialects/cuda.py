@@ -33,7 +33,7 @@ _TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", 
 _SYNC = re.compile(r"__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__uni_sync|"
                    r"__reduce_\w+_sync|__match_\w+_sync|__activemask|cooperative_groups|cg|"
                    r"this_thread_block|tiled_partition|coalesced_threads|"
-                   r"matmul2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)")  # tensor ops: SIMD-group ops
+                   r"(?:matmul|convolution)2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)")  # tensor ops: SIMD-group ops
 _COOPERATIVE = {"cooperative_groups", "cg"}
 _TENSOR_OPS = re.compile(r"#\s*include\s*[<\"]kernelkit/tensor_ops\.h[>\"]")
 

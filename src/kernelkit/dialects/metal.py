@@ -39,7 +39,7 @@ _SYNC = re.compile(r"(?:simd_|quad_)\w+|(?:threadgroup|simdgroup)_barrier")
 _TENSOR_OPS_INCLUDE = re.compile(
     r"#\s*include\s*<(?:metal_tensor|metal_simdgroup_matrix|MetalPerformancePrimitives/\w+\.h)>")
 # (simdgroup_barrier and the attribute simdgroup_index_in_threadgroup are not tensor ops)
-_TENSOR_OPS_NAMES = re.compile(r"matmul2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)|dextents|"
+_TENSOR_OPS_NAMES = re.compile(r"(?:matmul|convolution)2d\w*|\w*cooperative_tensor\w*|reduce_(?:rows|columns)|dextents|"
                                r"tensor_(?:inline|handle|offset)|"
                                r"simdgroup_(?!barrier\Z|index_in_threadgroup\Z)\w+|make_filled_simdgroup_matrix")
 # simdgroup_matrix's names: such a kernel numbers its lanes as mma.sync's fragments (target_cuda.h)

@@ -1,5 +1,5 @@
 // kernelkit/tensor_ops.h: Apple's TensorOps (metal::tensor, cooperative_tensor,
-// mpp::tensor_ops::matmul2d, reduce_rows...) and, in an MSL kernel, simdgroup_matrix.
+// mpp::tensor_ops::matmul2d, convolution2d, reduce_rows...) and, in an MSL kernel, simdgroup_matrix.
 //
 // A kernel that names them is compiled as C++20 and generated with KK_TENSOR_OPS defined
 // (dialects: `defines`), and this header follows the dialect's prelude: MSL bodies include
@@ -26,6 +26,7 @@
 #include "tensor_ops/sm90_attention_backward.h"  // its backward (library ops)
 #endif
 #include "tensor_ops/matmul2d.h"            // matmul2d, its path
+#include "tensor_ops/convolution2d.h"       // convolution2d (on the loops path)
 #include "tensor_ops/reduction.h"           // reduce_rows, reduce_columns
 #if defined(KK_TENSOR_OPS_MSL)
 #include "tensor_ops/simdgroup_matrix.h"    // MSL's simdgroup_matrix (the MSL dialect)

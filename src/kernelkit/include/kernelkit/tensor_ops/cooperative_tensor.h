@@ -4,14 +4,15 @@
 // is_valid_element (Apple's comments call it get_mask: both work), get_multidimensional_index and
 // get_iterator (each by index, iterator or element pointer), begin / end, map_iterator, load / store
 // (from / to a tensor: elements past the tensor's extents load as zero and are not stored). Kernels
-// get one from a matmul2d op (matmul2d.h), never build one themselves. Its elements start at zero.
+// get one from a matmul2d or convolution2d op (matmul2d.h, convolution2d.h), never build one
+// themselves. Its elements start at zero.
 #pragma once
 
 namespace metal {
 
 template <class ElementType, class Extents, class Layout>
 struct cooperative_tensor {
-  static_assert(kk::tops::is_layout_v<Layout>, "cooperative_tensor: get one from a matmul2d op");
+  static_assert(kk::tops::is_layout_v<Layout>, "cooperative_tensor: get one from a matmul2d or convolution2d op");
   using element_type = ElementType;
   using value_type = ElementType;
   using extents_type = Extents;
@@ -53,7 +54,7 @@ struct cooperative_tensor {
   KK_FN bool is_valid_element(const ElementType* p) const { return Layout::is_valid(index_of(p)); }
   KK_FN bool get_mask(int i) const { return Layout::is_valid(i); }
   KK_FN array<index_type, rank> get_multidimensional_index(int i) const {
-    int c[2];
+    int c[Layout::coords_size];
     Layout::coords(i, c);
     array<index_type, rank> r;
     for (int d = 0; d < rank; ++d) r[d] = index_type(c[d]);
@@ -92,18 +93,19 @@ struct cooperative_tensor {
   KK_FN const_iterator map_iterator(It it) const { return {this, map_index(it)}; }
 
   // From / to a tensor of the same rank (staged_io.h: pairs, or whole rows through shared memory).
-  // A rank-1 tensor loads into a rank-2 cooperative tensor broadcast over its rows, as a bias
-  // (element (x, y) = t[x]: numpy's (N,) against (M, N)); the Metal Shading Language
-  // specification's gemmBias example loads one (§7.2.1).
+  // A rank-1 tensor loads into a rank-2 or rank-4 cooperative tensor broadcast over the other
+  // coordinates, as a bias (element (x, y) = t[x]: numpy's (N,) against (M, N); a convolution's
+  // (o, x, y, n) = t[o]); the Metal Shading Language specification's gemmBias example loads one
+  // (§7.2.1).
   template <class T, class E, class D, class... Tags>
   KK_FN void load(const tensor<T, E, D, Tags...>& t) {
-    static_assert(E::rank() == rank || (E::rank() == 1 && rank == 2), "cooperative_tensor::load: the tensor's rank differs");
+    static_assert(E::rank() == rank || (E::rank() == 1 && rank >= 2), "cooperative_tensor::load: the tensor's rank differs");
     if constexpr (E::rank() == rank) {
       kk::tops::staged_io<Layout, ElementType>::load(v, t);
     } else {
       KK_TOPS_UNROLL
       for (int i = 0; i < capacity; ++i) {
-        int c[2];
+        int c[Layout::coords_size];
         Layout::coords(i, c);
         v[i] = c[0] < int(t.get_extent(0)) ? kk::tops::convert<ElementType>(t[c[0]]) : ElementType(0);
       }

@@ -123,8 +123,10 @@ struct layout {
       else return ((rs >> 1) * IB + (cs >> 1)) * 4 + (rs & 1) * 2 + (cs & 1);
     }
   }
-  // Coordinates innermost first, as the operand's tensor (see the top of this file).
-  KK_FN static void coords(int i, int (&c)[2]) {
+  // Coordinates innermost first, as the operand's tensor (see the top of this file): coords_size
+  // of them (a reduction's second is 0; a convolution's destination has four, convolution2d.h).
+  static constexpr int coords_size = 2;
+  KK_FN static void coords(int i, int (&c)[coords_size]) {
     int o, n;
     at(i, o, n);
     if constexpr (Role == role::row_reduction) c[0] = o, c[1] = 0;

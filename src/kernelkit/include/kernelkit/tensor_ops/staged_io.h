@@ -7,7 +7,8 @@
 // of row r at c ^ (r % 8): a warp's 8 rows land in 8 different banks), then whole rows in 16-byte
 // copies (every sector full). Other scopes, kernels without that memory, threadgroup tensors and
 // strides the vector copies cannot take go element pair by element pair; so do kernels with dynamic
-// shared memory of their own (codegen's KK_TOPS_NO_WARPGROUP).
+// shared memory of their own (codegen's KK_TOPS_NO_WARPGROUP). Reductions and a convolution's
+// rank-4 destination go element by element.
 //
 // The staging memory is the warpgroup group's slice (sm90_wgmma.h), free between runs: used only
 // where the threadgroup is the scope's one group. Every thread of the scope calls load / store
@@ -97,7 +98,7 @@ struct staged_io {
 #endif
     KK_TOPS_UNROLL
     for (int i = 0; i < Layout::capacity; ++i) {
-      int c[2];
+      int c[Layout::coords_size];
       Layout::coords(i, c);
       v[i] = Layout::is_valid(i) && inside(t, c) ? convert<E>(element(t, c)) : E();
     }
@@ -107,18 +108,19 @@ struct staged_io {
   template <class U> struct alignas(2 * sizeof(U)) pair { U x, y; };
 
   template <class Tn> static KK_FN void store_one(const E* v, const Tn& t, int i) {
-    int c[2];
+    int c[Layout::coords_size];
     Layout::coords(i, c);
     if (Layout::is_valid(i) && inside(t, c)) element(t, c) = convert<remove_const_t<typename Tn::value_type>>(v[i]);
   }
-  template <class Tn> static KK_FN bool inside(const Tn& t, const int (&c)[2]) {
+  template <class Tn> static KK_FN bool inside(const Tn& t, const int (&c)[Layout::coords_size]) {
     for (int d = 0; d < Layout::rank; ++d)
       if (c[d] < 0 || c[d] >= int(t.get_extent(d))) return false;
     return true;
   }
-  template <class Tn> static KK_FN auto& element(const Tn& t, const int (&c)[2]) {
+  template <class Tn> static KK_FN auto& element(const Tn& t, const int (&c)[Layout::coords_size]) {
     if constexpr (Layout::rank == 1) return t(c[0]);
-    else return t(c[0], c[1]);
+    else if constexpr (Layout::rank == 2) return t(c[0], c[1]);
+    else return t(c[0], c[1], c[2], c[3]);  // a convolution's destination (convolution2d.h)
   }
 
 #if defined(KK_TARGET_CUDA) && !defined(KK_TOPS_NO_WARPGROUP)
