@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .. import metal_kernel
+from .. import cuda_kernel, metal_kernel
+from ..arrays import aligned
 from ..preconditions import Preconditions
+from . import hopper
 
 BLOCK = 32
 _HEADER = (Path(__file__).with_name("mxfp8.metal")).read_text()
@@ -130,6 +132,34 @@ _matmul = metal_kernel(name="mxfp8_matmul", input_names=["a", "a_scales", "b", "
                        compile_options={"math_mode": "relaxed"})
 
 
+# Hopper: the layer's persistent GEMM, scaled (one threadgroup an SM, 128 x 128 tiles, the scales
+# staged beside the operands), where its TMA copies can read the operands.
+_persistent_matmul = cuda_kernel(
+    name="mxfp8_matmul_sm90", input_names=["a", "a_scales", "b", "b_scales"], output_names=["c"],
+    source=Path(__file__).with_name("mxfp8_matmul_sm90.cu").read_text(), header=hopper.HEADER,
+    ensure_row_contiguous=False)
+
+
+def _persistent(a, a_scales, b, b_scales, out_dtype) -> torch.Tensor | None:
+    """The product by the persistent Hopper kernel, or None where it does not apply: TMA reads
+    rows 16-byte aligned (K % 16 == 0) and writes C's (N a multiple of 16 bytes of out_dtype)."""
+    dev = a.device
+    if dev.type != "cuda" or hopper.sm90_sms(dev) is None:
+        return None
+    (M, K), N = a.shape, b.shape[0]
+    out_size = torch.empty((), dtype=out_dtype).element_size()
+    if (min(M, N, K) == 0 or K % 16 or (N * out_size) % 16 or max(M, N, K) >= 2**31
+            or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 16 or b.stride(0) % 16
+            or not (aligned(a, 16) and aligned(b, 16))):
+        return None
+    launch = hopper.launch(dev, -(-M // 128) * -(-N // 128))
+    if launch is None:
+        return None
+    return _persistent_matmul(inputs=[a, a_scales.contiguous(), b, b_scales.contiguous()],
+                              template=[("TC", out_dtype)], output_shapes=[(M, N)],
+                              output_dtypes=[out_dtype], **launch)[0]
+
+
 def mxfp8_matmul(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tensor,
                  b_scales: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """dequant(a) @ dequant(b)^T for MXFP8 operands quantised along K (both K-major, as
@@ -146,10 +176,17 @@ def mxfp8_matmul(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Ten
     pre.tensor("a_scales", a_scales, dtype=(torch.uint8,), shape=("M", blocks))
     pre.tensor("b_scales", b_scales, dtype=(torch.uint8,), shape=("N", blocks))
     pre.choice("out_dtype", out_dtype, (torch.bfloat16, torch.float16, torch.float32))
-    M, N = pre["M"], pre["N"]
+    a, b = a_data.view(torch.uint8), b_data.view(torch.uint8)
+    fast = _persistent(a, a_scales, b, b_scales, out_dtype)
+    return fast if fast is not None else tiled_matmul(a, a_scales, b, b_scales, out_dtype)
+
+
+def tiled_matmul(a, a_scales, b, b_scales, out_dtype) -> torch.Tensor:
+    """mxfp8_matmul by the talk's kernel (a threadgroup a tile, matmul2d over all of K), on any
+    backend; a and b as uint8."""
+    (M, _), N = a.shape, b.shape[0]
     TM, TN = _TILE
-    return _matmul(inputs=[a_data.view(torch.uint8), a_scales, b_data.view(torch.uint8), b_scales],
-                   template=_template(), output_shapes=[(M, N)],
+    return _matmul(inputs=[a, a_scales, b, b_scales], template=_template(), output_shapes=[(M, N)],
                    output_dtypes=[out_dtype], grid=(_THREADS * -(-N // TN), -(-M // TM), 1),
                    threadgroup=(_THREADS, 1, 1))[0]
 

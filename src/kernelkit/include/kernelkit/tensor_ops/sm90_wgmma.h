@@ -39,7 +39,7 @@
 //   dynamic shared memory (cuda_kernel's shared_memory=, or the launcher's carve-out for
 //   tensor-op kernels); a body's own dynamic shared memory lies past the groups' slices. run
 //   traps (the launch fails) when %dynamic_smem_size is smaller. smem_bytes =
-//   Stages * (BM + BN) * 128 + 1536; run_scaled's slices are scaled_smem_bytes, 2 (BM + BN) * 16
+//   Stages * (BM + BN) * 128 + 1536; run_scaled's slices are scaled_smem_bytes, 2 scale_slot_bytes
 //   more for its scales (two K tiles' worth, as floats).
 // - Global memory: 1 MiB of tensor maps per loaded module (__device__ arrays; a slot per group
 //   in flight, claimed per SM with an atomic and released at the end of run).
@@ -184,13 +184,14 @@ __device__ __forceinline__ void mbar_arrive_if(unsigned bar, bool pred) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n"
                ::"r"(bar), "r"(int(pred)) : "memory");
 }
-// A ring of n full / empty barrier pairs, each 8 bytes after the last: full completes on one
-// arrival (with its transaction bytes), empty on `releasers` (one a consumer warp); and their
-// invalidation once the kernel is done with them.
-__device__ __forceinline__ void ring_init(unsigned full, unsigned empty, int n, unsigned releasers) {
+// A ring of n full / empty barrier pairs, each 8 bytes after the last: full completes on
+// `fillers` arrivals (one with its transaction bytes), empty on `releasers` (one a consumer warp);
+// and their invalidation once the kernel is done with them.
+__device__ __forceinline__ void ring_init(unsigned full, unsigned empty, int n, unsigned releasers,
+                                          unsigned fillers = 1) {
 #pragma unroll
   for (int s = 0; s < n; ++s) {
-    mbar_init(full + 8 * s, 1);
+    mbar_init(full + 8 * s, fillers);
     mbar_init(empty + 8 * s, releasers);
   }
 }
@@ -705,6 +706,9 @@ __device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
 __device__ __forceinline__ void ld_shared_v2(unsigned addr, float& x, float& y) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr));
 }
+__device__ __forceinline__ void st_shared_v2(unsigned addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
 __device__ __forceinline__ void st_shared_v4(unsigned addr, float x, float y, float z, float w) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
@@ -724,8 +728,12 @@ struct warpgroup_gemm {
   static constexpr int stage_bytes = (BM + BN) * 128;
   // + 1024 to align the stages to the swizzle atoms, + 512 for the mbarriers and two tensor maps
   static constexpr int smem_bytes = Stages * stage_bytes + 1024 + 512;
-  // run_scaled also stages the scales of two K tiles as floats (scale_stager)
-  static constexpr int scale_slot_bytes = (BM + BN) * 16;
+  // run_scaled also stages the scales of two K tiles as floats (scale_stager): A's 4 a row, and a
+  // block's B columns in 4 groups of col_group floats (BN / 4 and 4 of padding, so that the 4
+  // addresses a warp's 128-bit loads read lie in different banks: unpadded they conflicted 4 ways
+  // and the loads took ~75% of the SM's shared-memory bandwidth, ncu, H200)
+  static constexpr int col_group = BN / 4 + 4;
+  static constexpr int scale_slot_bytes = BM * 16 + 4 * 16 * col_group;
   static constexpr int scaled_smem_bytes = smem_bytes + 2 * scale_slot_bytes;
   static constexpr int BK = 128 / sizeof(TA);                     // K elements per stage
 
@@ -858,11 +866,13 @@ struct warpgroup_gemm {
     for (int i = 0; i < acc_per_thread; ++i) fence_operand(acc[i]);
   }
 
+ public:
+  // (scale_stager's slots and mma_stage_scaled are persistent_gemm's scaled main loop's too)
   // The scales of a scaled run, as floats in shared memory a K tile (4 blocks) ahead: a float
   // per row of A and column of B and block, so that the threads holding a column's accumulators
   // read its 4 scales with 128-bit loads, not each a global load and a conversion. Slot kt % 2
-  // holds tile kt: A's row r at float 4 r + block, B's column n at 4 BM + BN block + col_slot(n),
-  // which puts a thread's BN / 4 columns (coord) side by side. Thread e < BM + BN (and e +
+  // holds tile kt: A's row r at float 4 r + block, B's column n at 4 BM + 4 col_group block +
+  // col_slot(n), which puts a thread's BN / 4 columns (coord) side by side. Thread e < BM + BN (and e +
   // threads ...) stages A's row e or B's column e - BM: load reads its word for a tile
   // (scale_word), store writes it a tile later, after the MMAs whose latency it hides.
   struct scale_stager {
@@ -871,7 +881,7 @@ struct warpgroup_gemm {
     unsigned dst[items], stride[items], w[items];
     bool valid[items], words[items];
     int blocks;
-    static constexpr int col_slot(int n) { return ((n >> 1) & 3) * (BN / 4) + (n >> 3) * 2 + (n & 1); }
+    static constexpr int col_slot(int n) { return ((n >> 1) & 3) * col_group + (n >> 3) * 2 + (n & 1); }
     __device__ void init(const block_scales& sc, int t, int m_valid, int n_valid, unsigned slots) {
       blocks = sc.blocks;
 #pragma unroll
@@ -881,7 +891,7 @@ struct warpgroup_gemm {
         valid[j] = e < BM ? e < m_valid : e < BM + BN && n < n_valid;
         words[j] = (reinterpret_cast<unsigned long long>(p[j]) & 3) == 0;
         dst[j] = e < BM ? slots + e * 16 : slots + BM * 16 + col_slot(n) * 4;
-        stride[j] = e < BM ? 4 : BN * 4;
+        stride[j] = e < BM ? 4 : 16 * col_group;
       }
     }
     __device__ void load(int kt) {
@@ -902,7 +912,10 @@ struct warpgroup_gemm {
 
   // A scaled stage (run_scaled): its four 32-element blocks of K one at a time, each a wgmma into
   // tmp (scale-d 0: tmp = A * B), then acc += tmp * sa(row) * sb(column), the scales from the
-  // stage's slot (scale_stager).
+  // stage's slot (scale_stager). Buffers = 2: block kk + 1's wgmma runs while block kk's products
+  // are scaled; 1 (wide tiles, whose second buffer would spill): the group's other warpgroups'
+  // wgmmas run under a warpgroup's scaling.
+  template <int Buffers = 2>
   __device__ static void mma_stage_scaled(TAcc (&acc)[acc_per_thread], unsigned a_tile, unsigned b_tile, int block0,
                                           unsigned slot, int t) {
     using namespace detail;
@@ -915,39 +928,40 @@ struct warpgroup_gemm {
         const int row = (t >> 7) * rows + mi * 64 + w * 16 + (l >> 2) + 8 * h;
         ld_shared_v4(slot + row * 16, fa[mi][h][0], fa[mi][h][1], fa[mi][h][2], fa[mi][h][3]);
       }
-    // this thread's columns' scales, block kk in fb[kk & 1], loaded a block ahead
-    const unsigned cols = slot + BM * 16 + (l & 3) * BN;  // (l & 3) * BN / 4 floats on
-    float fb[2][BN / 4];
-#pragma unroll
-    for (int v = 0; v < BN / 16; ++v) ld_shared_v4(cols + v * 16, fb[0][4 * v], fb[0][4 * v + 1], fb[0][4 * v + 2], fb[0][4 * v + 3]);
-    // Two product buffers: block kk + 1's wgmma runs while block kk's products are scaled.
-    TAcc tmp[2][acc_per_thread];
-    issue_block(tmp[0], a_tile, b_tile, block0, 0);
+    // this thread's columns' scales of block kk: its group's, 4 at a time as used (a block's
+    // BN / 4 held at once spill beside 128-column products)
+    const unsigned cols = slot + BM * 16 + (l & 3) * col_group * 4;
+    TAcc tmp[Buffers][acc_per_thread];
+    if (Buffers == 2) issue_block(tmp[0], a_tile, b_tile, block0, 0);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      if (kk + 1 < 4) {
-        issue_block(tmp[(kk + 1) & 1], a_tile, b_tile, block0, kk + 1);
-#pragma unroll
-        for (int v = 0; v < BN / 16; ++v) {
-          float* f = fb[(kk + 1) & 1] + 4 * v;
-          ld_shared_v4(cols + (kk + 1) * BN * 4 + v * 16, f[0], f[1], f[2], f[3]);
-        }
+      TAcc(&p)[acc_per_thread] = tmp[kk % Buffers];
+      if (Buffers == 1) {
+        issue_block(p, a_tile, b_tile, block0, kk);
+        wgmma_wait<0>();
+      } else if (kk + 1 < 4) {
+        issue_block(tmp[(kk + 1) % Buffers], a_tile, b_tile, block0, kk + 1);
         wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
       }
 #pragma unroll
-      for (int i = 0; i < acc_per_thread; ++i) fence_operand(tmp[kk & 1][i]);
+      for (int i = 0; i < acc_per_thread; ++i) fence_operand(p[i]);
 #pragma unroll
-      for (int c = 0; c < BN / 4; ++c)
+      for (int v = 0; v < BN / 16; ++v) {
+        float fb[4];
+        ld_shared_v4(cols + kk * 16 * col_group + v * 16, fb[0], fb[1], fb[2], fb[3]);
 #pragma unroll
-        for (int mi = 0; mi < rows / 64; ++mi)
+        for (int c = 4 * v; c < 4 * v + 4; ++c)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            // accumulator (mi, j) with j = (c >> 1) * 4 + h * 2 + (c & 1): row half h, column c
-            const int i = mi * (BN / 2) + (c >> 1) * 4 + h * 2 + (c & 1);
-            acc[i] = fmaf(tmp[kk & 1][i] * fa[mi][h][kk], fb[kk & 1][c], acc[i]);
-          }
+          for (int mi = 0; mi < rows / 64; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              // accumulator (mi, j) with j = (c >> 1) * 4 + h * 2 + (c & 1): row half h, column c
+              const int i = mi * (BN / 2) + (c >> 1) * 4 + h * 2 + (c & 1);
+              acc[i] = fmaf(p[i] * fa[mi][h][kk], fb[c & 3], acc[i]);
+            }
+      }
     }
   }
   // tmp = the products of 32-element block kk of the stage (scale-d 0), committed as one group.
@@ -963,6 +977,7 @@ struct warpgroup_gemm {
     wgmma_commit();
   }
 
+ private:
   template <bool KA, bool KB, bool Scaled = false>
   __device__ static void run_as(TAcc (&acc)[acc_per_thread], const TA* A_, long a_rs, long a_cs, const TB* B_,
                                 long b_rs, long b_cs, int m_valid, int n_valid, int K, bool accumulate,
