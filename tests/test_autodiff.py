@@ -197,6 +197,72 @@ def test_missing_rules_raise_clear_errors():
         vmap(twice)(torch.randn(3, 8))
 
 
+def test_without_a_rule_the_cause_names_the_kernel():
+    """The missing rule's error comes from the kernel that f calls, which says why it cannot run
+    under the transform (on its general path, and on a plan's, where outputs would be filled)."""
+    x = torch.randn(8)
+    for _ in range(3):  # plain calls: a plan made for the kernel
+        twice(x)
+    for transform in (lambda: grad(lambda a: twice(a).sum())(x), lambda: vmap(twice)(x[None])):
+        with pytest.raises(NotImplementedError, match="twice has no") as info:
+            transform()
+        assert "have storage" in str(info.value.__cause__)
+    copy = kk.metal_kernel(name="copy_init", input_names=["a"], output_names=["out"],
+                           source="uint i = thread_position_in_grid.x; out[i] = a[i];")
+    with pytest.raises(RuntimeError, match=r"kernel 'copy_init': input 'a' is a tensor of a "
+                                           r"torch.func transform \(grad, jvp, vmap...\)"):
+        grad(lambda a: copy(inputs=[a], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
+                            output_dtypes=[torch.float32], init_value=0)[0].sum())(x)
+
+
+# --- rules not given: as MLX, the transform goes through f itself ---------------------------
+
+@kk.custom_function
+def weighted(p, n, *, bias):
+    """torch code and no rule: every transform goes through it. p: a dict of tensors, n: a
+    number; the second output is an integer tensor (no gradient, no tangent)."""
+    return p["w"] * torch.sin(p["x"]) * n + bias, torch.argmax(p["x"], dim=-1, keepdim=True)
+
+
+def test_without_rules_grad_jvp_and_vmap_go_through_the_function(device):
+    x, w = (torch.randn(6, device=device, dtype=torch.float64) for _ in range(2))
+    bias = torch.randn(6, device=device, dtype=torch.float64)
+
+    def out(p):
+        return weighted(p, 3, bias=bias)[0]
+
+    # torch.autograd: f runs again in the backward, its cotangents are used
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y, top = weighted({"x": xr, "w": wr}, 3, bias=bias)
+    assert not top.requires_grad and top.dtype == torch.int64
+    ct = torch.randn_like(y)
+    y.backward(ct)
+    close(xr.grad, wr * torch.cos(x) * 3 * ct)
+    close(wr.grad, torch.sin(x) * 3 * ct)
+    # torch.func.grad, double backward and grad of grad
+    g = grad(lambda p: out(p).sum())({"x": x, "w": w})
+    close(g["x"], w * torch.cos(x) * 3)
+    close(g["w"], torch.sin(x) * 3)
+    (gx,) = torch.autograd.grad(out({"x": xr, "w": w}).sum(), xr, create_graph=True)
+    close(torch.autograd.grad(gx.sum(), xr)[0], -w * torch.sin(x) * 3)
+    close(grad(lambda a: grad(lambda b: out({"x": b, "w": w}).sum())(a).sum())(x),
+          -w * torch.sin(x) * 3)
+    # torch.func.jvp and forward-mode AD
+    tx, tw = torch.randn_like(x), torch.randn_like(w)
+    _, t = jvp(lambda a, b: out({"x": a, "w": b}), (x, w), (tx, tw))
+    close(t, (w * torch.cos(x) * tx + torch.sin(x) * tw) * 3)
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        t = fwAD.unpack_dual(out({"x": fwAD.make_dual(x, tx), "w": w})).tangent
+    close(t, w * torch.cos(x) * tx * 3)
+    # torch.func.vmap, over one leaf of the dict, and jacrev (vmap of the backward)
+    X = torch.randn(4, 6, device=device, dtype=torch.float64)
+    ys, tops = vmap(lambda a: weighted({"x": a, "w": w}, 3, bias=bias))(X)
+    close(ys, w * torch.sin(X) * 3 + bias)
+    assert torch.equal(tops, torch.argmax(X, dim=-1, keepdim=True))
+    close(jacrev(lambda a: out({"x": a, "w": w}))(x), torch.diag(w * torch.cos(x) * 3))
+
+
 def test_kernel_rule_under_vmap_without_a_vmap_rule_says_so():
     @kk.custom_function
     def f(x, y):

@@ -98,8 +98,20 @@ def test_reserved_names_are_refused_with_the_reason(name, why):
     for names in (dict(input_names=[name], output_names=["o"]), dict(input_names=[], output_names=[name])):
         with pytest.raises(ValueError, match=f"'{name}' {why}; choose another name"):
             kk.metal_kernel(name="k", source="", **names)
-    with pytest.raises(ValueError, match=f"kernel name '{name}' {why}"):
-        kk.cuda_kernel(name=name, input_names=[], output_names=["o"], source="")
+
+
+def test_a_kernel_name_is_any_identifier(device):
+    """A kernel's name only ever follows a prefix (custom_kernel_<name>, kk_<name>): a keyword, a
+    prelude name or a kk_ name is an MLX kernel name too (ZMLX names every kernel kk_...)."""
+    a = torch.arange(4.0, device=device)
+    for name in ("kk_copy", "static_assert"):
+        k = kk.metal_kernel(name=name, input_names=["a"], output_names=["out"],
+                            source="out[thread_position_in_grid.x] = a[thread_position_in_grid.x];")
+        out = k(inputs=[a], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
+                output_dtypes=[torch.float32])[0]
+        assert torch.equal(out, a)
+    with pytest.raises(ValueError, match="kernel name 'a b' is not a C\\+\\+ identifier"):
+        kk.cuda_kernel(name="a b", input_names=[], output_names=["o"], source="")
 
 
 def test_compile_options_checked():

@@ -545,3 +545,28 @@ def test_fastcall_torch_reads_a_view_as_torch_does(device):
     with pytest.raises(TypeError, match="expected a torch.Tensor"):
         view(np.ones(3), ctypes.byref(data), ctypes.byref(sizes), ctypes.byref(strides))
 
+
+
+@pytest.mark.parametrize("init", [None, 1.5])  # outputs poisoned (the tests' default), or filled
+@pytest.mark.filterwarnings("ignore:.*is not differentiable:UserWarning")
+def test_a_plan_given_a_torch_func_tensor_fails_on_the_input(device, monkeypatch, lent, init):
+    """A plan packs its inputs before it fills its outputs, so a tensor of a torch.func transform
+    (which has no storage) fails as itself, not as a fill that the transform refuses."""
+    k = kk.metal_kernel(name="fast_copy", input_names=["inp"], output_names=["out"],
+                        source="uint i = thread_position_in_grid.x; out[i] = inp[i];")
+
+    def call(a):
+        return k(inputs=[a], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
+                 output_dtypes=[torch.float32], init_value=init)[0]
+
+    x = torch.randn(8, device=device)
+    general = kernel.Kernel._call
+    # grad's tensors read as requiring grad, vmap's as what they batch: plain calls like them
+    for like, transform in ((x.clone().requires_grad_(), torch.func.grad(lambda a: call(a).sum())),
+                            (x, torch.func.vmap(call))):
+        for _ in range(3):  # a plan made
+            call(like)
+        monkeypatch.setattr(kernel.Kernel, "_call", lambda *a, **kw: pytest.fail("general path"))
+        with pytest.raises(RuntimeError, match="doesn't have storage"):
+            transform(x[None] if like is x else x)
+        monkeypatch.setattr(kernel.Kernel, "_call", general)

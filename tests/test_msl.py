@@ -235,6 +235,46 @@ def test_compound_assignment_of_half_and_bfloat_to_builtins(device):
     assert torch.equal(out[:, 1], m.float())
 
 
+def test_conditional_of_half_or_bfloat_and_another_type(device):
+    """`c ? h : 0.0f`: a half or bfloat operand and another arithmetic one meet at their usual
+    arithmetic type, as in MSL (C++ finds each convertible to the other and refuses: mlx-lm's
+    KL-divergence kernels, `(offset + j < V) ? logits_q[offset + j] : -1e30` on bf16 logits, failed
+    to compile). Same-typed operands keep their value category; chains and nesting work."""
+    body = """
+    uint i = thread_position_in_grid.x;
+    static_assert(is_same<decltype(i ? h[0] : 1.0f), float>::value, "half : float is float");
+    static_assert(is_same<decltype(i ? h[0] : b[0]), float>::value, "half : bfloat is float");
+    static_assert(is_same<remove_cv_t<decltype(i ? b[0] : 2)>, bfloat>::value, "bfloat : int");
+    static_assert(is_same<decltype(i ? h[0] : h[1]), const half&>::value, "an lvalue stays one");
+    float lo = (i % 2) ? h[i] : -1e30;
+    float mixed = (i % 3) ? 0.5f : b[i];
+    half whole = (i % 2) ? h[i] : 2;
+    float chain = i % 4 == 0 ? h[i] : i % 4 == 1 ? b[i] : i % 4 == 2 ? 0.25f : f[i];
+    float x = 0, y = 0;
+    (i % 2 ? x : y) = max(i % 5 ? h[i] : 1.5f, i % 7 ? b[i] : -2.0f);
+    out[i * 5 + 0] = lo;
+    out[i * 5 + 1] = mixed;
+    out[i * 5 + 2] = whole;
+    out[i * 5 + 3] = chain;
+    out[i * 5 + 4] = x - y;
+"""
+    k = kk.metal_kernel(name="conditional_f16", input_names=["f", "h", "b"], output_names=["out"],
+                        source=body)
+    n = 64
+    f = torch.randn(n, device=device)
+    h = torch.randn(n, device=device).half()
+    b = torch.randn(n, device=device).bfloat16()
+    out = launch(k, device, [f, h, b], [(n, 5)], [torch.float32], (n, 1, 1), (32, 1, 1))[0]
+    i = torch.arange(n, device=device)
+    hf, bf = h.float(), b.float()
+    chain = torch.where(i % 4 == 0, hf, torch.where(i % 4 == 1, bf, torch.where(i % 4 == 2, 0.25, f)))
+    picked = torch.maximum(torch.where(i % 5 > 0, hf, 1.5), torch.where(i % 7 > 0, bf, -2.0))
+    expected = torch.stack([torch.where(i % 2 > 0, hf, -1e30), torch.where(i % 3 > 0, 0.5, bf),
+                            torch.where(i % 2 > 0, hf, 2.0), chain,
+                            torch.where(i % 2 > 0, picked, -picked)], 1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 def test_vector_types(device):
     body = """
     uint i = thread_position_in_grid.x;

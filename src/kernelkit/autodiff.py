@@ -42,9 +42,11 @@ Choices where PyTorch and MLX differ:
   not write into cotangents.
 - Outputs of integer or bool dtype are marked non-differentiable: they get no
   gradient and their cotangent is zeros; their tangent is dropped.
-- A transform whose rule was not given raises NotImplementedError naming f
-  and the rule (MLX would instead trace through f, which a kernel does not
-  allow). Calling f without a transform never needs a rule.
+- A transform whose rule was not given goes through f itself, as MLX's does:
+  torch.func differentiates or batches f's own torch code (for a vjp, f runs
+  again in the backward). A kernel has no derivative or batching of its own,
+  so where f calls one the transform raises NotImplementedError naming f and
+  the rule to define. Calling f without a transform never needs a rule.
 - Under `torch.func.grad`/`jvp` the vjp and jvp rules run one functorch level
   down, on plain tensors, as the forward does, so kernels can read them. Their
   results are still differentiable by outer transforms (grad of grad works),
@@ -158,7 +160,24 @@ def _zeros_like(t: torch.Tensor) -> torch.Tensor:
 def _missing(fun: "custom_function", rule: str, purpose: str) -> NotImplementedError:
     name = fun.__name__
     return NotImplementedError(f"[custom_function] {name} has no {rule} rule: define one with "
-                               f"@{name}.{rule} to {purpose}")
+                               f"@{name}.{rule} to {purpose} (without one, the transform goes "
+                               f"through {name} itself, and a kernel there cannot be gone through)")
+
+
+def _through(fun: "custom_function", rule: str, purpose: str, transform):
+    """transform(): a torch.func transform through f itself, where f has no such rule (MLX's
+    default). A kernel that f calls cannot read torch.func's tensors (they have no storage): that
+    is the missing rule, said as such."""
+    try:
+        return transform()
+    except RuntimeError as e:
+        if "have storage" not in str(e):
+            raise
+        raise _missing(fun, rule, purpose) from e
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
 
 
 class _Call:
@@ -265,12 +284,13 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, _call_tangent, *tangents):
         call = ctx.call
-        if call.fun._jvp is None:
-            raise _missing(call.fun, "jvp", "use forward-mode AD (torch.func.jvp, jacfwd...)")
         n_in = len(ctx.tensor_at)
 
         def rule(tensors):
-            primals, kwargs = call.arguments(_with_tensors(ctx, tensors[:n_in]))
+            leaves = _with_tensors(ctx, tensors[:n_in])
+            if call.fun._jvp is None:
+                return _traced_jvp(call, leaves, tensors[n_in:], ctx.out_diff)
+            primals, kwargs = call.arguments(leaves)
             # tangents mirror the primals: None for non-tensors, zeros for a tensor without one
             tangent_leaves = [None] * (n_in if ctx.leaves is None else len(ctx.leaves))
             for i, t in zip(ctx.tensor_at, tensors[n_in:]):
@@ -290,14 +310,17 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, call, *leaves):
         fun = call.fun
-        if fun._vmap is None:
-            raise _missing(fun, "vmap", "use torch.func.vmap")
         inputs, kwargs = call.arguments(leaves)
         axes = call.arguments(in_dims[1:])[0]
         if any(a is not None for a in in_dims[1 + call.n_primal:]):  # a tensor among the kwargs
             raise ValueError(f"[custom_function] {fun.__name__}: keyword arguments cannot be "
                              "vmapped over; pass batched tensors positionally.")
-        result = fun._vmap(inputs, axes, **kwargs)
+        if fun._vmap is None:  # MLX batches f itself: torch.func.vmap through it, on axis 0 out
+            args, arg_axes = call.unflatten(leaves)[0], call.unflatten(in_dims[1:])[0]
+            batched = torch.func.vmap(functools.partial(fun._fun, **kwargs), in_dims=arg_axes)
+            result = _through(fun, "vmap", "use torch.func.vmap", lambda: batched(*args)), 0
+        else:
+            result = fun._vmap(inputs, axes, **kwargs)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise TypeError(f"[custom_function] {fun.__name__}'s vmap rule must return "
                             "(outputs, out_axes).")
@@ -360,8 +383,6 @@ def _backward(ctx, grads) -> tuple:
     """The gradients of a call's apply arguments by the vjp rule: None for `call` and the
     non-tensor leaves."""
     call, n_in = ctx.call, len(ctx.tensor_at)
-    if call.fun._vjp is None:
-        raise _missing(call.fun, "vjp", "differentiate it")
 
     def rule(tensors):
         leaves = _with_tensors(ctx, tensors[:n_in])
@@ -389,10 +410,67 @@ def vjp_gradients(fun, args, kwargs, leaves, n_primal, out_spec, outputs, grads)
     """The vjp rule's gradient for each tensor leaf of a call (torch_ops' autograd formula), from
     the call's arguments and their leaves."""
     if fun._vjp is None:
-        raise _missing(fun, "vjp", "differentiate it")
+        return _traced_vjp(fun, args, kwargs, leaves, n_primal, outputs, grads)
     primals = args[0] if len(args) == 1 else args
     result = fun._vjp(primals, _unflatten(out_spec, grads), _unflatten(out_spec, outputs), **kwargs)
     return _gradients(fun, n_primal, leaves, result)
+
+
+def _traced_vjp(fun, args, kwargs, leaves, n_primal, outputs, grads) -> list:
+    """MLX's vjp of a function without a vjp rule: torch.func.vjp through f, run again on the
+    primals (the forward kept no graph: it ran below autograd). One gradient (or None) per tensor
+    leaf, as vjp_gradients."""
+    at = [i for i, x in enumerate(leaves[:n_primal])
+          if isinstance(x, torch.Tensor) and _differentiable(x)]
+    keep = [i for i, o in enumerate(outputs) if _differentiable(o)]  # integer outputs: no cotangent
+    by_leaf = {}
+    if at and keep:
+        def transform():
+            _, pull = torch.func.vjp(_function_of(fun, args, kwargs, at, keep),
+                                     *[leaves[i] for i in at])
+            return pull(tuple(grads[i] for i in keep))
+
+        by_leaf = dict(zip(at, _through(fun, "vjp", "differentiate it", transform)))
+    return [by_leaf.get(i) for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+
+
+def _traced_jvp(call, leaves, tangents, out_diff) -> list:
+    """MLX's jvp of a function without a jvp rule, through f: the vjp of f's vjp (linear in the
+    cotangents, so its own vjp is the jvp), as torch.func.jvp would nest a forward-AD level that
+    plain forward AD (already in one here) refuses. `tangents` are those of the call's tensors
+    (call.tensor_at); keyword arguments are constants. One tangent per output, None for those
+    out_diff marks non-differentiable."""
+    fun = call.fun
+    tangent_of = dict(zip(call.tensor_at, tangents))
+    at = [i for i in call.tensor_at if i < call.n_primal and _differentiable(leaves[i])]
+    keep = [i for i, d in enumerate(out_diff) if d]
+    by_output = {}
+    if at and keep:
+        def transform():
+            args, kwargs = call.unflatten(leaves)
+            outs, pull = torch.func.vjp(_function_of(fun, args, kwargs, at, keep),
+                                        *[leaves[i] for i in at])
+            _, push = torch.func.vjp(pull, tuple(torch.zeros_like(o) for o in outs))
+            return push(tuple(tangent_of[i] for i in at))[0]
+
+        by_output = dict(zip(keep, _through(fun, "jvp", "use forward-mode AD (torch.func.jvp, "
+                                                        "jacfwd...)", transform)))
+    return [by_output.get(i) for i in range(len(out_diff))]
+
+
+def _function_of(fun, args, kwargs, at, keep):
+    """f as a function of the tensors at `at` among its positional leaves (the other leaves and
+    the kwargs held as they are), returning its flat outputs at `keep`."""
+    primal = []
+    spec = _flatten(args, primal)
+
+    def traced(*tensors):
+        new = list(primal)
+        for i, t in zip(at, tensors):
+            new[i] = t
+        out = _leaves(fun._fun(*_unflatten(spec, new), **kwargs))
+        return tuple(out[i] for i in keep)
+    return traced
 
 
 def _leaves(tree) -> list:
@@ -459,7 +537,8 @@ class custom_function:
 
     `f(*args, **kwargs)` returns what the wrapped function returns; torch.autograd and
     torch.func transforms of it use the rules given with `@f.vjp`, `@f.jvp`, `@f.vmap`
-    (see the module docstring for their arguments).
+    (see the module docstring for their arguments), and go through f itself for a rule not
+    given, as MLX's do (which a kernel in f does not allow: define its rules).
     """
 
     def __init__(self, fun):

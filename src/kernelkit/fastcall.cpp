@@ -567,14 +567,6 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
                         : PyObject_CallMethodOneArg(plan->prototypes[i], str_new_empty, shape);
     if (out == nullptr) goto fail;
     PyList_SET_ITEM(outputs, i, out);
-    PyObject* prepare = PyTuple_GET_ITEM(plan->prepare, i);
-    if (PyTuple_CheckExact(prepare)) {
-      if (!memset_output(api, plan, out, prepare, dims, stream)) goto fail;
-    } else if (prepare != Py_None) {
-      PyObject* r = PyObject_CallOneArg(prepare, out);
-      if (r == nullptr) goto fail;
-      Py_DECREF(r);
-    }
   }
   {
     // The block on the stack where it fits (the usual), on the heap else (up to 32 KB on sm_90).
@@ -587,6 +579,20 @@ PyObject* run_plan(Plan* plan, PyObject* inputs_arg, PyObject* shapes) {
       Py_DECREF(outputs);
       Py_DECREF(inputs);
       Py_RETURN_NONE;
+    }
+    // Outputs are filled once the inputs are packed: an input that cannot be (a torch.func
+    // tensor, which has no storage) fails with its own error, not a fill's.
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* out = PyList_GET_ITEM(outputs, i);
+      PyObject* prepare = PyTuple_GET_ITEM(plan->prepare, i);
+      if (PyTuple_CheckExact(prepare)) {
+        read_shape(plan, PySequence_Fast_GET_ITEM(shapes, i), dims);
+        if (!memset_output(api, plan, out, prepare, dims, stream)) goto fail;
+      } else if (prepare != Py_None) {
+        PyObject* r = PyObject_CallOneArg(prepare, out);
+        if (r == nullptr) goto fail;
+        Py_DECREF(r);
+      }
     }
     if (cpu) {
       if (!launch_on_cpu(plan, block)) goto fail;

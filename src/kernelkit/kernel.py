@@ -30,6 +30,7 @@ from .signature import ATTRIBUTES, NDIM_CAPACITY, InputSpec, Signature, check_id
 
 _POISON = os.environ.get("KERNELKIT_POISON_OUTPUTS", "") not in ("", "0")
 _is_compiling = torch.compiler.is_compiling  # (Dynamo folds it to True while it traces)
+_transform_level = torch._C._functorch.maybe_get_level  # >= 0: a tensor of a live torch.func transform
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Kernel:
                  compile_options=None, shared_memory: int = 0):
         self.caller = dialect.NAME
         self.dialect = dialect
-        self.name = check_identifier(name, "kernel name", self.caller)
+        self.name = check_identifier(name, "kernel name", self.caller, prefixed=True)
         self.input_names = self._names(input_names, "input_names")
         self.output_names = self._names(output_names, "output_names")
         clash = set(self.input_names) & set(self.output_names)
@@ -343,6 +344,14 @@ class Kernel:
                 specs.append(InputSpec(arrays.SCALAR_DTYPES[type(x)], True, True, 0))
                 continue
             t, from_numpy = array_input(x, f"input {name!r}", self.caller)
+            if _transform_level(t) >= 0:
+                # Said before any output is made (filling one would fail first, and obscurely);
+                # worded as torch's own data_ptr error, which the fast path raises.
+                raise RuntimeError(
+                    f"[{self.caller}] kernel {self.name!r}: input {name!r} is a tensor of a "
+                    "torch.func transform (grad, jvp, vmap...), which doesn't have storage for a "
+                    "kernel to read. Call the kernel from a kk.custom_function with a rule for "
+                    "that transform (vjp, jvp or vmap).")
             numpy_in |= from_numpy
             if device is None:
                 device = t.device
@@ -546,13 +555,13 @@ class _Plan:
                 return None
         if outputs and empty:
             return None
-        for o, prepare in zip(outputs, self.prepare):
-            if prepare is not None:
-                prepare(o)
         try:
             block = self.pack(inputs, outputs, self.tail)
         except struct.error:  # a Python int beyond int32: the general path says so
             return None
+        for o, prepare in zip(outputs, self.prepare):  # after packing, as fastcall.cpp's run_plan
+            if prepare is not None:
+                prepare(o)
         self.launch(block)
         return outputs
 

@@ -63,11 +63,15 @@ FILL_KINDS = ("input_pointer", "output_pointer", "bool_value", "int_value", "flo
 NDIM_CAPACITY = 8
 
 
-def check_identifier(name, what: str, caller: str) -> str:
-    """name, if the generated code can declare it; else ValueError saying why not."""
+def check_identifier(name, what: str, caller: str, prefixed: bool = False) -> str:
+    """name, if the generated code can declare it; else ValueError saying why not. A `prefixed`
+    name only ever follows a prefix (a kernel's: custom_kernel_<name>, kk_<name>), so any
+    identifier will do, as in MLX (ZMLX names every kernel kk_...)."""
     if not isinstance(name, str) or not _IDENT.match(name):
         raise ValueError(f"[{caller}] {what} {name!r} is not a C++ identifier (letters, digits "
                          "and '_', not starting with a digit).")
+    if prefixed:
+        return name
     why = None
     if name in _KEYWORDS:
         why = "is a C++ or Metal keyword"

@@ -12,7 +12,10 @@ front end is a token-level rewrite that keeps line numbers:
   in `KK_PROGRAM_CONSTANT` storage (CUDA constant memory);
 - swizzles: `v.xy` -> `v.template swizzle<0,1>()`, `c.rgb` likewise, and the
   single colour names `.r .g .b .a` -> `.x .y .z .w`, unless the user's source
-  declares that name for something else.
+  declares that name for something else;
+- `c ? a : b`: each operand cast to its type for the pair (`kk_detail::cond_operand_t`),
+  so that a half or bfloat meets another arithmetic type as in MSL (`c ? h : 0.0f` is a
+  float) rather than as two class-convertible types C++ refuses.
 """
 
 from __future__ import annotations
@@ -104,6 +107,77 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
             # a template argument (`tensor<threadgroup half, ...>`) or a pointer/reference: vanishes
             template_argument = n and tokens[code[n - 1]].text in ("<", ",")
             t.text = "" if template_argument or _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
+    _conditionals(tokens, code)
+
+
+# `c ? a : b` -> `c ? static_cast<C<a, b>>(a) : static_cast<C<b, a>>(b)`: C is
+# kk_detail::cond_operand_t<decltype((a)), decltype((b))> (kernelkit/metal/half.h).
+_COND_CAST = "static_cast<::metal::kk_detail::cond_operand_t<decltype(({})), decltype(({}))>>("
+_COND_COPY_LIMIT = 4096  # characters of operands an outer conditional copies: chains triple them
+_NULL_POINTER = re.compile(r"(?:0[xX][0-9a-fA-F']+|[0-9][0-9']*)[uUlLzZ]*|NULL|nullptr")
+_WORD = re.compile(r"\w+")
+
+
+def _conditionals(tokens: list[Token], code: list[int]) -> None:
+    """Cast the operands of every conditional operator (the module's docstring). Inner ones go
+    first, so an outer one copies them cast. One stays as written where an operand's extent is
+    unclear (_operand_end) or an operand is a lone integer literal: a null pointer constant must
+    stay one, and an integer never meets a half ambiguously."""
+    texts = [tokens[i].text for i in code]  # as lowered: the structure; copies read the tokens
+    for n in reversed([n for n, x in enumerate(texts) if x == "?"]):
+        colon = _operand_end(texts, n + 1, second=True)
+        end = None if colon is None else _operand_end(texts, colon + 1, second=False)
+        if end is None:
+            continue
+        spans = ((n + 1, colon), (colon + 1, end))
+        if any(hi == lo or hi - lo == 1 and _NULL_POINTER.fullmatch(texts[lo]) for lo, hi in spans):
+            continue  # GNU's `c ?: b`, or a lone integer
+        a, b = (" ".join(tokens[code[k]].text for k in range(lo, hi)) for lo, hi in spans)
+        if len(a) + len(b) > _COND_COPY_LIMIT:
+            continue
+        tokens[code[n + 1]].text = _COND_CAST.format(a, b) + tokens[code[n + 1]].text
+        tokens[code[colon - 1]].text += ")"
+        tokens[code[colon + 1]].text = _COND_CAST.format(b, a) + tokens[code[colon + 1]].text
+        tokens[code[end - 1]].text += ")"
+
+
+def _operand_end(texts: list[str], k: int, second: bool) -> int | None:
+    """The code position that ends the conditional's operand starting at k: its `:` (second
+    operand), or the `,` `;` `:` or closing bracket after it (third); None where unclear: a
+    lambda, a macro's line break, a `<` or `>` that may close a template argument list."""
+    depth = nested = angle = 0
+    for j in range(k, len(texts)):
+        x = texts[j]
+        subscript = j > k and (_WORD.fullmatch(texts[j - 1]) or texts[j - 1] in (")", "]"))
+        if x[:1] in ("#", "\\") or x == "[" and not subscript:
+            return None  # a preprocessor line or continuation, or a lambda's captures
+        if x in ("(", "[", "{"):
+            depth += 1
+        elif x in (")", "]", "}"):
+            if depth == 0:
+                return None if second else j
+            depth -= 1
+        elif depth:
+            continue
+        elif x == "?":
+            nested += 1
+        elif x == ":" and nested:
+            nested -= 1
+        elif x == ":":
+            return j
+        elif x == ";":
+            return None if second else j
+        elif second:
+            continue  # up to its `:`, a second operand may hold commas and template arguments
+        elif x == ",":
+            return None if angle else j
+        elif x == "<" and _WORD.fullmatch(texts[j - 1]):
+            angle += 1  # a template's arguments, maybe: a `,` in them stays in the operand
+        elif x in (">", ">>"):
+            if not angle:
+                return None  # a comparison, or the end of an enclosing template argument list
+            angle = max(0, angle - len(x))
+    return None if second else len(texts)
 
 
 def _pragma_operator(tokens: list[Token], code: list[int], n: int) -> None:

@@ -112,6 +112,19 @@ template <class A, class B> using f16_promote_t = typename f16_promote<A, B>::ty
 
 // Arithmetic is carried out in float, or double when a double is involved.
 template <class R> using f16_compute_t = conditional_t<is_same_v<R, double>, double, float>;
+
+// `c ? a : b`, which the front end (dialects/metal.py) writes with each operand cast to
+// cond_operand_t<decltype((operand)), decltype((other))>. MSL brings a half or bfloat and another
+// arithmetic operand to their usual arithmetic type (`c ? h : 0.0f` is a float), where C++ finds
+// each convertible to the other and refuses; any other pair keeps its types and value categories.
+template <class T> using plain_t = remove_cv_t<remove_reference_t<T>>;
+template <class A, class B, class = void> struct cond_operand { using type = A; };
+template <class A, class B>
+struct cond_operand<A, B, enable_if_t<!is_same_v<plain_t<A>, plain_t<B>>,
+                                      decltype(void(declval<f16_promote_t<plain_t<A>, plain_t<B>>>()))>> {
+  using type = f16_promote_t<plain_t<A>, plain_t<B>>;
+};
+template <class A, class B> using cond_operand_t = typename cond_operand<A, B>::type;
 }  // namespace kk_detail
 
 typedef kk_detail::float16<kk_detail::half_format> half;
