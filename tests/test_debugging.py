@@ -267,6 +267,37 @@ def test_checked_build_compiles_pointer_casts(device, dialect):
     assert torch.equal(plain.long(), expected) and torch.equal(checked.long(), expected)
 
 
+NULL_BODIES = {
+    "metal": """
+const device uint* p = i % 2 ? inp : 0;
+const device uint* q = i % 3 ? NULL : inp;
+device uint* r = i > 40 ? out : nullptr;
+out[i] = (p ? p[i] : 1u) + (q ? q[i] : 2u) + (r ? 4u : 0u);
+""",
+    "cuda": """
+const uint32_t* p = i % 2 ? inp : 0;
+const uint32_t* q = i % 3 ? NULL : inp;
+uint32_t* r = i > 40 ? out : nullptr;
+out[i] = (p ? p[i] : 1u) + (q ? q[i] : 2u) + (r ? 4u : 0u);
+""",
+}
+
+
+@pytest.mark.parametrize("dialect", ["metal", "cuda"])
+def test_checked_build_compiles_null_pointer_conditionals(device, dialect):
+    """`c ? buffer : 0` (and NULL, nullptr) with a checked pointer as the other operand: the
+    checked variant compiles whenever the plain one does, the null side checks nothing."""
+    k = make(dialect, "nulls", NULL_BODIES[dialect])
+    x = torch.randint(0, 2**20, (64,), dtype=torch.int32, device=device).view(torch.uint32)
+    args = dict(inputs=[x], grid=(64, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(64,)],
+                output_dtypes=[torch.uint32])
+    i = torch.arange(64, device=device)
+    v = x.long()
+    expected = torch.where(i % 2 > 0, v, 1) + torch.where(i % 3 > 0, 2, v) + torch.where(i > 40, 4, 0)
+    for check in (False, True):
+        assert torch.equal(k(**args, check_bounds=check)[0].long(), expected)
+
+
 # --- the seed's grid_sample --------------------------------------------------------------------
 
 def _seed_forward():

@@ -299,6 +299,10 @@ struct ptr {
   T* p;
   unsigned b, line;
 
+  KK_FN ptr(T* p_, unsigned b_, unsigned line_) : p(p_), b(b_), line(line_) {}
+  // A null pointer constant (`c ? x : 0`, `c ? x : nullptr`): the conditional's other operand
+  // becomes a checked pointer that checks nothing, as the plain build's null pointer.
+  KK_FN ptr(decltype(nullptr)) : p(nullptr), b(kNoBuffer), line(0) {}
   KK_FN operator T*() const { return p; }
   // Casts to other pointer types (`(const uchar*)q`, `static_cast<...>(q)`) take the raw pointer:
   // accesses through the result are unchecked, as after any cast.
