@@ -120,6 +120,19 @@ def test_mxfp8_matmul_on_hopper_matches_the_tiled_kernel(M, N, K, out_dtype):
     torch.testing.assert_close(c, tiled, rtol=1e-6, atol=1e-6 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mxfp8_matmul_persistent_compiles_for_sm90a(out_dtype, nvrtc):
+    """The persistent Hopper kernel (never launched without a GPU) in each output type, compiled
+    by NVRTC as an H100 launches it."""
+    from kernelkit.ops import mxfp8
+    meta = [torch.empty(256, 320, dtype=torch.uint8, device="meta"),  # data, then scales
+            torch.empty(256, 10, dtype=torch.uint8, device="meta")]
+    compiled = kk.compile_for(mxfp8._persistent_matmul, "sm_90", inputs=meta * 2, output_dtypes=[out_dtype],
+                              output_shapes=[(256, 256)], template=[("TC", out_dtype)], grid=(384, 1, 1),
+                              threadgroup=(384, 1, 1))
+    assert compiled.arch == "sm_90a" and compiled.binary
+
+
 def test_mxfp8_matmul_errors():
     qa, sa = quantize_mxfp8(torch.randn(8, 64))
     qb, sb = quantize_mxfp8(torch.randn(4, 32))
