@@ -1652,13 +1652,23 @@ def _default_threadgroup_x(n_threads: int) -> int:
     return 1
 
 
-def zmlx_launch(kernel, device, *inputs, template, grid, output_shapes, output_dtypes, threadgroup=None):
-    """MetalKernel.__call__ (src/zmlx/metal.py): without a threadgroup, the largest power of two
-    up to 512 within grid.x."""
+def zmlx_launch(kernel, device, *inputs, template=None, grid=None, threadgroup=None,
+                output_shapes=None, output_dtypes=None, init_value=None):
+    """MetalKernel.__call__ (src/zmlx/metal.py): outputs default to inputs[0]'s shape and dtype,
+    the grid to one thread per element of the first output, the threadgroup to the largest power
+    of two up to 512 within grid.x."""
+    if output_shapes is None:
+        output_shapes = [tuple(inputs[0].shape) for _ in kernel.output_names]
+    if output_dtypes is None:
+        output_dtypes = [inputs[0].dtype for _ in kernel.output_names]
+    if grid is None:
+        grid = (int(torch.Size(output_shapes[0]).numel()), 1, 1)
     if threadgroup is None:
         threadgroup = (min(_default_threadgroup_x(grid[0]), grid[0]) if grid[0] > 0 else 1, 1, 1)
+    extra = {} if init_value is None else {"init_value": init_value}
     return launch(kernel, device, inputs=on(device, *inputs), template=template, grid=grid,
-                  threadgroup=threadgroup, output_shapes=output_shapes, output_dtypes=output_dtypes)
+                  threadgroup=threadgroup, output_shapes=output_shapes, output_dtypes=output_dtypes,
+                  **extra)
 
 
 def _validate_tg(tg: int) -> int:

@@ -14,117 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-import kernelkit as kk
+# ZMLX's header, zmlx.metal.kernel and MetalKernel.__call__ (its launch defaults) as
+# test_real_world_kernels_4.py copied them from Hmbown/ZMLX; the same code at 1930c6af
+from test_real_world_kernels_4 import DEFAULT_HEADER, _validate_tg, close, metal_kernel, zmlx_launch
 
-
-def launch(kernel, device, **call):
-    """`kernel(**call)` on `device` (conftest compiles each variant for sm_90 too, without a GPU)."""
-    return kernel(stream=device, **call)
-
-
-def close(actual, expected, rtol=1e-5, atol=1e-5):
-    torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), rtol=rtol, atol=atol)
-
-
-def on(device, *tensors):
-    return [t.to(device) for t in tensors]
-
-
-# --- Hmbown/ZMLX at 1930c6af: src/zmlx/kernels/{loss,indexing,bits,optimizers}.py ---------------
-# The kernel factories are ZMLX's, copied as written (their @cache dropped); they build kernels
-# through zmlx.metal.kernel with zmlx.msl.DEFAULT_HEADER, and launch them through
-# MetalKernel.__call__ (src/zmlx/metal.py), whose defaults are kept below.
-
-DEFAULT_HEADER = r"""
-#include <metal_stdlib>
-using namespace metal;
-
-template <typename T>
-inline T kk_sigmoid(T x) {
-    T y = T(1) / (T(1) + metal::exp(metal::abs(x)));
-    return (x < T(0)) ? y : T(1) - y;
-}
-
-template <typename T>
-inline T kk_silu(T x) {
-    return x * kk_sigmoid(x);
-}
-
-// tanh approximation form used in many transformer implementations
-template <typename T>
-inline T kk_gelu_tanh(T x) {
-    const T k0 = T(0.7978845608028654);   // sqrt(2/pi)
-    const T k1 = T(0.044715);
-    T x3 = x * x * x;
-    return T(0.5) * x * (T(1) + metal::tanh(k0 * (x + k1 * x3)));
-}
-
-// erf-based GELU is also common; Metal doesn't expose erf() in all profiles,
-// so we default to tanh GELU. If you need erf GELU, implement a poly approximation.
-
-// SIMD-accelerated threadgroup sum reduction.
-// Uses simd_sum for the first level (32-wide), then tree reduction for the rest.
-// Requires: buf is threadgroup float[TG], tid is thread index in threadgroup.
-// After the macro, buf[0] contains the total sum.
-#define KK_SIMD_REDUCE_SUM(buf, val, tid, TG) \
-    do { \
-        float _sr = simd_sum(val); \
-        if ((tid) % 32u == 0u) (buf)[(tid) / 32u] = _sr; \
-        threadgroup_barrier(mem_flags::mem_threadgroup); \
-        if ((TG) > 32u) { \
-            for (uint _s = ((TG) / 32u) / 2u; _s > 0u; _s >>= 1u) { \
-                if ((tid) < _s) (buf)[(tid)] += (buf)[(tid) + _s]; \
-                threadgroup_barrier(mem_flags::mem_threadgroup); \
-            } \
-        } \
-    } while(0)
-"""
-
-
-def metal_kernel(*, name, input_names, output_names, source, header="", ensure_row_contiguous=True,
-                 atomic_outputs=False, cache=True):
-    """zmlx.metal.kernel: mx.fast.metal_kernel with these arguments (its kernel cache aside)."""
-    return kk.metal_kernel(name=name, input_names=input_names, output_names=output_names,
-                           source=source, header=header, ensure_row_contiguous=ensure_row_contiguous,
-                           atomic_outputs=atomic_outputs)
-
-
-def _default_threadgroup_x(n_threads: int) -> int:
-    # Prefer a warp-ish multiple; Metal SIMD-group sizes vary, but 32 is a safe default.
-    # We choose the largest candidate <= n_threads.
-    for c in (512, 256, 128, 64, 32, 16, 8, 4, 2, 1):
-        if c <= max(1, n_threads):
-            return c
-    return 1
-
-
-def zmlx_launch(kernel, device, *inputs, template=None, grid=None, threadgroup=None,
-                output_shapes=None, output_dtypes=None, init_value=None):
-    """MetalKernel.__call__ (src/zmlx/metal.py): outputs default to inputs[0]'s shape and dtype,
-    the grid to one thread per element of the first output, the threadgroup to the largest power
-    of two up to 512 within grid.x."""
-    if output_shapes is None:
-        output_shapes = [tuple(inputs[0].shape) for _ in kernel.output_names]
-    if output_dtypes is None:
-        output_dtypes = [inputs[0].dtype for _ in kernel.output_names]
-    if grid is None:
-        grid = (int(torch.Size(output_shapes[0]).numel()), 1, 1)
-    if threadgroup is None:
-        threadgroup = (min(_default_threadgroup_x(grid[0]), grid[0]) if grid[0] > 0 else 1, 1, 1)
-    extra = {} if init_value is None else {"init_value": init_value}
-    return launch(kernel, device, inputs=on(device, *inputs), template=template, grid=grid,
-                  threadgroup=threadgroup, output_shapes=output_shapes, output_dtypes=output_dtypes,
-                  **extra)
-
-
-def _validate_tg(tg: int) -> int:
-    tg = int(tg)
-    if tg <= 0 or tg > 1024:
-        raise ValueError("threadgroup must be in (0, 1024]")
-    # require power of two for the reduction loop
-    if tg & (tg - 1) != 0:
-        raise ValueError("threadgroup must be a power of two")
-    return tg
+# --- Hmbown/ZMLX at 1930c6af: src/zmlx/kernels/{loss,indexing,bits,optimizers,moe}.py ---------
+# The kernel factories are ZMLX's, copied as written (their @cache dropped).
 
 
 def _softmax_ce_kernel(d: int, tg: int) -> Any:
