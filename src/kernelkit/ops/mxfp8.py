@@ -147,8 +147,7 @@ def _persistent(a, a_scales, b, b_scales, out_dtype) -> torch.Tensor | None:
     if dev.type != "cuda" or hopper.sm90_sms(dev) is None:
         return None
     (M, K), N = a.shape, b.shape[0]
-    out_size = torch.empty((), dtype=out_dtype).element_size()
-    if (min(M, N, K) == 0 or K % 16 or (N * out_size) % 16 or max(M, N, K) >= 2**31
+    if (min(M, N, K) == 0 or K % 16 or (N * out_dtype.itemsize) % 16 or max(M, N, K) >= 2**31
             or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 16 or b.stride(0) % 16
             or not (aligned(a, 16) and aligned(b, 16))):
         return None

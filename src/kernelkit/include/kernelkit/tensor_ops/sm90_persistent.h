@@ -291,10 +291,7 @@ struct persistent_gemm {
         const int s = it % Stages, use = it / Stages;
         if (use > 0) mbar_wait(full + 8 * Stages + 8 * s, (use & 1) ^ 1);  // its empty barrier
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            st_shared(first + s * stage_bytes + j * next_row + q * next_block, scale_bits((w[j] >> (8 * q)) & 0xff));
+        for (int j = 0; j < 4; ++j) store_scales(first + s * stage_bytes + j * next_row, next_block, w[j]);
         mbar_arrive(full + 8 * s);
       }
     }

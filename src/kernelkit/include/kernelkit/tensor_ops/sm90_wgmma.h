@@ -695,6 +695,11 @@ __device__ __forceinline__ unsigned scale_word(const unsigned char* row, bool va
 __device__ __forceinline__ unsigned scale_bits(unsigned s) {
   return s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : s << 23;
 }
+// A word's 4 scales (scale_word) as floats into shared memory, block b at dst + b * stride.
+__device__ __forceinline__ void store_scales(unsigned dst, unsigned stride, unsigned w) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) st_shared(dst + b * stride, scale_bits((w >> (8 * b)) & 0xff));
+}
 __device__ __forceinline__ void ld_shared_v4(unsigned addr, float& x, float& y, float& z, float& w) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "r"(addr));
 }
@@ -901,11 +906,7 @@ struct warpgroup_gemm {
     __device__ void store(int kt, int t) const {
 #pragma unroll
       for (int j = 0; j < items; ++j) {
-        if (t + j * threads < BM + BN) {
-#pragma unroll
-          for (int b = 0; b < 4; ++b)
-            detail::st_shared(dst[j] + (kt & 1) * scale_slot_bytes + b * stride[j], detail::scale_bits((w[j] >> (8 * b)) & 0xff));
-        }
+        if (t + j * threads < BM + BN) detail::store_scales(dst[j] + (kt & 1) * scale_slot_bytes, stride[j], w[j]);
       }
     }
   };
