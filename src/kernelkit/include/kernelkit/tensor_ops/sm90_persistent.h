@@ -23,7 +23,7 @@
 //     template <class Epilogue>
 //     __device__ static void run(const operand& a, const operand& b, const operand& source, T* c,
 //                                int batches, int M, int N, int K, Epilogue&& epilogue);
-//     template <class Epilogue>                 // T an fp8 type (MXFP8)
+//     template <int Buffers = 1, class Epilogue>   // T an fp8 type (MXFP8)
 //     __device__ static void run_scaled(const operand& a, const operand& a_scales, const operand& b,
 //                                       const operand& b_scales, TC* c, int batches, int M, int N,
 //                                       int K, Epilogue&& epilogue);
@@ -51,8 +51,9 @@
 //   block, blocks = ceil(K / 32), a batch at batch_stride; no source (the epilogue's s0, s1 are 0).
 //   Each 32-element block is one wgmma m64n128k32 into products that the consumers add to the
 //   sums times the two scales (sm90_wgmma.h, mma_stage_scaled: exact, the scales are powers of
-//   two); a producer warp stages each K tile's scales, as floats, beside its operands. TMA's
-//   limits (above) with 1-byte elements: K a multiple of 16.
+//   two; Buffers: mma_stage_scaled's product buffers, one by default: two spill and measured
+//   15% slower on the H200, 8192^3); a producer warp stages each K tile's scales, as floats,
+//   beside its operands. TMA's limits (above) with 1-byte elements: K a multiple of 16.
 // - Every thread of the threadgroup calls run; launch as many threadgroups as there are SMs or
 //   tiles (the shared memory allows one an SM). The kernel has no dynamic shared memory of its
 //   own (no extern __shared__): run names smem_bytes in the cubin (kk_tops_dynamic_smem) and
@@ -109,11 +110,6 @@ struct persistent_gemm {
   // A's and B's stage layouts (sm90_wgmma.h): TMA copies into them, descriptors read them
   using A16 = detail::stager<T, BM, KA, consumer_threads>;
   using B16 = detail::stager<T, BN, KB, consumer_threads>;
-#if defined(KK_SM90_SCALED_BUFFERS)  // measures the scaled main loop's product buffers (1 and 2 measure the same)
-  static constexpr int scaled_buffers = KK_SM90_SCALED_BUFFERS;
-#else
-  static constexpr int scaled_buffers = 1;
-#endif
   static constexpr int WM = BM / 2;                            // a warpgroup's rows of the tile
   static constexpr int QC = 128 / sizeof(TC);                  // output columns of 128 bytes: a TMA box
   static constexpr int quarter_bytes = WM * 128;               // a warpgroup's WM x QC outputs
@@ -137,19 +133,19 @@ struct persistent_gemm {
   __device__ static void run(const operand& a, const operand& b, const operand& source, TC* c, int batches, int M,
                              int N, int K, Epilogue&& epilogue) {
     static_assert(supported && !scaled, "persistent_gemm::run: 16-bit types on sm_90a");
-    run_as(a, b, source, operand{}, operand{}, c, batches, M, N, K, epilogue);
+    run_as<1>(a, b, source, operand{}, operand{}, c, batches, M, N, K, epilogue);
   }
-  template <class Epilogue>
+  template <int Buffers = 1, class Epilogue>
   __device__ static void run_scaled(const operand& a, const operand& a_scales, const operand& b,
                                     const operand& b_scales, TC* c, int batches, int M, int N, int K,
                                     Epilogue&& epilogue) {
     static_assert(supported && scaled, "persistent_gemm::run_scaled: fp8 operands, both K-major, a 16-bit or "
                                        "float output, on sm_90a");
-    run_as(a, b, operand{}, a_scales, b_scales, c, batches, M, N, K, epilogue);
+    run_as<Buffers>(a, b, operand{}, a_scales, b_scales, c, batches, M, N, K, epilogue);
   }
 
  private:
-  template <class Epilogue>
+  template <int Buffers, class Epilogue>
   __device__ static void run_as(const operand& a, const operand& b, const operand& source, const operand& a_scales,
                                 const operand& b_scales, TC* c, int batches, int M, int N, int K, Epilogue& epilogue) {
 #if defined(KK_TOPS_NO_WARPGROUP)
@@ -241,7 +237,7 @@ struct persistent_gemm {
       }
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers) : "memory");
-      consume(t, base, outs + (warp >> 2) * half_bytes, full, empty, source, map_c, M, N, tiles, per_batch, tiles_m,
+      consume<Buffers>(t, base, outs + (warp >> 2) * half_bytes, full, empty, source, map_c, M, N, tiles, per_batch, tiles_m,
               tiles_n, k_tiles, epilogue);
     }
     __syncthreads();  // every copy landed and was read, every store written: barriers and slots are free
@@ -307,7 +303,7 @@ struct persistent_gemm {
     n0 = (in_band / rows) * BN;
   }
 
-  template <class Epilogue>
+  template <int Buffers, class Epilogue>
   __device__ static void consume(int t, unsigned base, unsigned out, unsigned full, unsigned empty,
                                  const operand& source, const void* map_c, int M, int N, int tiles, int per_batch,
                                  int tiles_m, int tiles_n, int k_tiles, Epilogue& epilogue) {
@@ -341,7 +337,7 @@ struct persistent_gemm {
           const int s = it % Stages;
           mbar_wait(full + 8 * s, (it / Stages) & 1);
           const unsigned a_tile = base + s * stage_bytes, b_tile = a_tile + a_bytes;
-          ScaledLoop::template mma_stage_scaled<scaled_buffers>(acc, a_tile, b_tile, wg, b_tile + b_bytes, t);
+          ScaledLoop::template mma_stage_scaled<Buffers>(acc, a_tile, b_tile, wg, b_tile + b_bytes, t);
           if ((t & 31) == 0) mbar_arrive(empty + 8 * s);
         }
       } else {
