@@ -356,6 +356,58 @@ def test_vector_types(device):
     assert torch.equal(oi.cpu(), ref_i)
 
 
+ARRAY_HEADER = """
+#include <metal_array>
+using namespace metal;
+
+// value semantics: passed, returned and assigned whole
+array<float, 4> reversed(array<float, 4> v) {
+    array<float, 4> r;
+    for (size_t j = 0; j < v.size(); ++j) r[j] = v[v.size() - 1 - j];
+    return r;
+}
+float total(array_ref<float> xs) {
+    float s = 0.0f;
+    for (float x : xs) s += x;
+    return s;
+}
+constant array<int, 3> weights = {1, 10, 100};
+"""
+
+
+def test_metal_array_and_array_ref(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    array<float, 4> v = {a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]};
+    array<float, 4> r = reversed(v);
+    array<float, 4> c = r;
+    c[0] = 7.0f;  // a copy: r is unchanged
+    float plain[3] = {v[0], v[1], 2.0f};
+    array<int, 2> z = {};
+    const device array<float, 4>* rows = (const device array<float, 4>*)(a);
+    out[8 * i + 0] = r[0] + 10.0f * r.back();
+    out[8 * i + 1] = c[0] + r.front();
+    out[8 * i + 2] = total(v);
+    out[8 * i + 3] = total(make_array_ref(plain));
+    out[8 * i + 4] = total(array_ref<float>(v.data() + 1, 2)) + float(v.empty()) + float(v.size());
+    out[8 * i + 5] = float(weights[0] + weights[1] + weights[2] + z[0] + z[1]);
+    out[8 * i + 6] = rows[i][2];
+    out[8 * i + 7] = total(make_array_ref(c.begin(), c.end()));
+"""
+    k = kk.metal_kernel(name="metal_array", input_names=["a"], output_names=["out"], source=body,
+                        header=ARRAY_HEADER)
+    n = 70
+    a = torch.randn(n, 4, device=device)
+    (out,) = launch(k, device, [a], [(n, 8)], [torch.float32], (n, 1, 1), (32, 1, 1))
+    v = a.cpu().double()
+    c = v.flip(1).clone()
+    c[:, 0] = 7
+    ref = torch.stack([v[:, 3] + 10 * v[:, 0], 7 + v[:, 3], v.sum(1), v[:, 0] + v[:, 1] + 2,
+                       v[:, 1] + v[:, 2] + 4, torch.full((n,), 111.0, dtype=torch.float64), v[:, 2],
+                       c.sum(1)], 1)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-6, atol=1e-6)
+
+
 def test_swizzles_written_and_float16_literals(device):
     """MSL §2.2.1: a swizzle on the left of `=` or a compound assignment writes its components (each
     once; a repeated one is a compile error); §2.1: 0.5h / 0.5H half and 0.5bf / 0.5BF bfloat literals

@@ -1,26 +1,14 @@
-// kernelkit/tensor_ops/extents.h: metal::extents, dextents, dynamic_extent and metal::array, as
-// <metal_tensor> declares them. Extents are innermost first: a rows x cols matrix is
-// dextents<int, 2>(cols, rows). Every extent is also held at run time (a static one too), so that
+// kernelkit/tensor_ops/extents.h: metal::extents, dextents and dynamic_extent, as <metal_tensor>
+// declares them (metal::array: metal/array.h). Extents are innermost first: a rows x cols matrix
+// is dextents<int, 2>(cols, rows). Every extent is also held at run time (a static one too), so that
 // a slice that runs past its tensor's edge can be clipped (tensor.h).
 #pragma once
+
+#include "../metal/array.h"  // metal::array, as tensors take their strides
 
 namespace metal {
 
 constexpr kk::tops::usize dynamic_extent = kk::tops::usize(-1);
-
-#if !defined(KK_METAL_ARRAY_DEFINED)
-#define KK_METAL_ARRAY_DEFINED 1
-// MSL's array<T, N> (a C array with size()), as tensors take their strides.
-template <class T, kk::tops::usize N>
-struct array {
-  T elems[N ? N : 1];
-  KK_FN T& operator[](kk::tops::usize i) { return elems[i]; }
-  constexpr KK_FN const T& operator[](kk::tops::usize i) const { return elems[i]; }
-  static constexpr KK_FN kk::tops::usize size() { return N; }
-  KK_FN T* data() { return elems; }
-  constexpr KK_FN const T* data() const { return elems; }
-};
-#endif
 
 template <class I, kk::tops::usize... E>
 struct extents {
