@@ -219,6 +219,22 @@ def test_wild_pointer_is_a_launch_error(checks):
     works_after(k, [torch.zeros(n, dtype=torch.int32)], n, [0] * n)
 
 
+def test_misaligned_vector_access_is_a_launch_error_that_says_so():
+    """A float4 stored through a pointer 4 bytes off its 16-byte alignment (UB in Metal, a fault on
+    a GPU): on x86 a general-protection fault, which reports no address; the error names the
+    misalignment rather than an address 0x0."""
+    k = kk.metal_kernel(name="misaligned_float4", input_names=["inp"], output_names=["out"], source="""
+        uint i = thread_position_in_grid.x;
+        *(device float4*)(out + 1 + 4 * i) = ((const device float4*)(inp + 1 + 4 * i))[0] * 2.0f;
+    """)
+    x = torch.randn(68)
+    with pytest.raises(kk.KernelLaunchError, match=r"kernel 'misaligned_float4': invalid memory access "
+                                                   r"\(SIG(SEGV|BUS), a (general-protection fault|misaligned)"
+                                                   r".*not aligned to the vector's size"):
+        k(inputs=[x], grid=(16, 1, 1), threadgroup=(16, 1, 1), output_shapes=[(68,)],
+          output_dtypes=[torch.float32])
+
+
 def test_bus_error_is_a_launch_error(tmp_path):
     """An input mapped from a file that was truncated under it: SIGBUS."""
     import mmap

@@ -108,6 +108,18 @@ void unblock_signal(int sig) {
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);  // blocked while the handler ran
 }
 
+// A fault of a misaligned access: SIGBUS's BUS_ADRALN, or on Linux the SIGSEGV of a
+// general-protection fault (SI_KERNEL), which x86 raises for an aligned vector instruction on a
+// misaligned address (and for non-canonical addresses).
+bool misaligned(int sig, int code) {
+  if (sig == SIGBUS) return code == BUS_ADRALN;
+#if defined(SI_KERNEL)
+  return code == SI_KERNEL;
+#else
+  return false;
+#endif
+}
+
 // What happened, and its usual cause: "<what> (SIGNAME)", "<cause>".
 void describe_fault(const Worker* w, std::string* what, std::string* cause) {
   const int sig = w->fault_sig, code = w->fault_code;
@@ -122,6 +134,14 @@ void describe_fault(const Worker* w, std::string* what, std::string* cause) {
                "of the thread's %zu KiB stack, %s)", (unsigned long long)addr, kib, name);
         append(*cause, "deep recursion or large local arrays are the usual cause; "
                "KERNELKIT_CPU_STACK_SIZE sets the stack size (now %zuK)", kib);
+      } else if (misaligned(sig, code)) {
+        // x86's general-protection fault reports no address; an aligned vector access (movaps)
+        // through a pointer off its alignment raises it, as a misaligned access does elsewhere
+        append(*what, "invalid memory access (%s, %s)", name,
+               sig == SIGBUS ? "a misaligned address" : "a general-protection fault: no address");
+        *cause = "a vector load or store through a pointer not aligned to the vector's size (a "
+                 "float4 needs 16 bytes, as Metal requires; a GPU faults there too) is the usual "
+                 "cause, or a wild pointer";
       } else {
         append(*what, "invalid memory access at address 0x%llx (%s)", (unsigned long long)addr,
                name);
