@@ -232,3 +232,28 @@ def test_header_examples_static_slice_k_loop(device):
     c = k(inputs=[a, b], output_shapes=[(M, N)], output_dtypes=[torch.float32],
           grid=(128 * -(-N // 32), -(-M // 64), 1), threadgroup=(128, 1, 1), init_value=0)[0]
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-4, atol=1e-4)
+
+
+# A dextents tensor built from static extents, with and without strides: <metal_tensor>'s extents
+# convert as std::extents do (liuliu/example_matmul_metal4's attention declares its threadgroup P
+# tile this way). Also make_filled_simdgroup_matrix<T, 8>, Rows defaulting to Cols (llama.cpp).
+STATIC_TO_DYNAMIC_EXTENTS = """
+  auto tA = tensor<device half, dextents<int32_t, 2>, tensor_inline>((device half *)a, extents<int32_t, 16, 16>());
+  auto tB = tensor<device half, dextents<int32_t, 2>, tensor_inline>((device half *)b, extents<int32_t, 8, 16>(),
+                                                                     array<int, 2>{1, 8});
+  auto tC = tensor<device float, dextents<int, 2>, tensor_inline>(c, extents<short, 8, 16>());
+  matmul2d<matmul2d_descriptor(16, 8, dynamic_length_v<int>), execution_simdgroup> op;
+  op.run(tA, tB, tC);
+  simdgroup_float8x8 z = make_filled_simdgroup_matrix<float, 8>(2.0f);
+  simdgroup_store(z, filled, 8);
+"""
+
+
+def test_dextents_tensor_from_static_extents(device):
+    k = kk.metal_kernel("tops_api_static_to_dynamic_extents", ["a", "b"], ["c", "filled"], STATIC_TO_DYNAMIC_EXTENTS,
+                        header=HEADER)
+    a, b = torch.randn(16, 16, device=device).half(), torch.randn(16, 8, device=device).half()
+    c, filled = k(inputs=[a, b], output_shapes=[(16, 8), (8, 8)], output_dtypes=[torch.float32] * 2,
+                  grid=(32, 1, 1), threadgroup=(32, 1, 1))
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-4, atol=1e-4)
+    assert bool((filled == 2).all())

@@ -60,7 +60,9 @@ typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
 
-template <class T, int Cols, int Rows>
+// Rows defaults to Cols, as <metal_simdgroup_matrix> declares it: llama.cpp writes
+// make_filled_simdgroup_matrix<float, 8>(0.f).
+template <class T, int Cols, int Rows = Cols>
 KK_FN simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(const T value) {
   simdgroup_matrix<T, Cols, Rows> m;
   m.e[0] = value;

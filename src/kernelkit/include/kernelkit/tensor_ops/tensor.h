@@ -27,6 +27,23 @@ template <class Tag, class... Rest> struct plane_of<Tag, Rest...> { using type =
 template <class P, class S, kk::tops::usize B0, kk::tops::usize B1, class... Rest>
 struct plane_of<tensor_blockwise<P, S, B0, B1>, Rest...> { using type = tensor_blockwise<P, S, B0, B1>; };
 template <class... Tags> inline constexpr bool has_offset_v = (kk::tops::is_same_v<Tags, tensor_offset> || ... || false);
+
+// Extents From converts to To as <metal_tensor>'s extents do (std::extents' converting constructor):
+// the same rank, and each static extent of To is dynamic or the same in From. So a dextents tensor
+// is built from static extents, tensor<T, dextents<int, 2>, tensor_inline>(p, extents<int, 64, 16>()),
+// as kernels written for Apple's compiler do. (Here rather than in extents.h: it is the tensors'
+// constructors that take them.)
+template <class From, class To> inline constexpr bool extents_convertible_v = false;
+template <class I, class J, kk::tops::usize... F, kk::tops::usize... T>
+inline constexpr bool extents_convertible_v<extents<I, F...>, extents<J, T...>> =
+    sizeof...(F) == sizeof...(T) && !kk::tops::is_same_v<extents<I, F...>, extents<J, T...>> &&
+    ((T == dynamic_extent || T == F) && ...);
+template <class To, class From>
+KK_FN To extents_from(const From& from) {
+  To to;
+  for (kk::tops::usize r = 0; r < To::rank(); ++r) to.e[r] = typename To::index_type(from.extent(r));
+  return to;
+}
 }  // namespace kk_detail
 
 template <class T, class Extents, class Descriptor = tensor_handle, class... Tags>
@@ -69,6 +86,11 @@ struct tensor {
     for (rank_type r = 0; r < R; ++r) str[r] = index_type(strides[r]);
     bind_plane();
   }
+  template <class P, class E2, kk::tops::enable_if_t<pointer_ok<P> && kk_detail::extents_convertible_v<E2, Extents>, int> = 0>
+  KK_FN tensor(P* p, const E2& e) : tensor(p, kk_detail::extents_from<Extents>(e)) {}
+  template <class P, class E2, class S,
+            kk::tops::enable_if_t<pointer_ok<P> && kk_detail::extents_convertible_v<E2, Extents>, int> = 0>
+  KK_FN tensor(P* p, const E2& e, const array<S, R>& strides) : tensor(p, kk_detail::extents_from<Extents>(e), strides) {}
   template <class P, class S, class Q = plane_type,
             kk::tops::enable_if_t<pointer_ok<P> && !kk::tops::is_same_v<Q, kk_detail::no_plane>, int> = 0>
   KK_FN tensor(P* p, const Extents& e, const array<S, R>& strides, const Q& scales) : tensor(p, e, strides) {
