@@ -408,6 +408,109 @@ def test_metal_array_and_array_ref(device):
     torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-6, atol=1e-6)
 
 
+PACK_COLUMNS = [
+    "pack_float_to_unorm4x8(v)", "pack_float_to_snorm4x8(v * 2.0f - 1.0f)", "pack_float_to_unorm2x16(v.xy)",
+    "pack_float_to_snorm2x16(v.zw * 2.0f - 1.0f)", "pack_float_to_unorm10a2(v)", "uint(pack_float_to_unorm565(v.xyz))",
+    "pack_float_to_srgb_unorm4x8(v)", "pack_half_to_unorm4x8(half4(v))",
+]
+UNPACK_COLUMNS = [
+    "unpack_unorm4x8_to_float(w).y", "unpack_snorm4x8_to_float(w).w", "unpack_unorm2x16_to_float(w).x",
+    "unpack_snorm2x16_to_float(w).y", "unpack_unorm10a2_to_float(w).z", "unpack_unorm10a2_to_float(w).w",
+    "unpack_unorm565_to_float(ushort(w)).y", "unpack_unorm4x8_srgb_to_float(w).x", "float(unpack_snorm4x8_to_half(w).x)",
+]
+
+
+def test_pack_and_unpack(device):
+    """<metal_pack>: fields packed with the first component lowest, MSL's normalized-integer
+    conversions (round to nearest even, clamped; snorm's -128 reads as -1), sRGB on colour only."""
+    body = """
+    uint i = thread_position_in_grid.x;
+    float4 v = ((const device float4*)a)[i];
+    uint w = words[i];
+""" + "".join(f"    packed[i * {len(PACK_COLUMNS)} + {c}] = {e};\n" for c, e in enumerate(PACK_COLUMNS)) \
+        + "".join(f"    unpacked[i * {len(UNPACK_COLUMNS)} + {c}] = {e};\n" for c, e in enumerate(UNPACK_COLUMNS))
+    k = kk.metal_kernel(name="pack_unpack", input_names=["a", "words"], output_names=["packed", "unpacked"],
+                        source=body, header="#include <metal_pack>\n")
+    n = 300
+    a = torch.rand(n, 4, device=device) * 1.2 - 0.1  # some past [0, 1]: clamped
+    a[:5] = torch.tensor([[0.5 / 255, 1.5 / 255, 2.5 / 255, 0.0], [1.0, 0.0, 0.25, 0.75], [0.0031308, 0.04, 0.5, 1.0],
+                          [float("nan"), 0.5, 0.5, 0.5], [-0.2, 1.3, 0.999, 0.001]], device=device)
+    words = torch.randint(0, 2**32, (n,), dtype=torch.int64, device=device).to(torch.uint32)
+    words[:3] = torch.tensor([0x80808080, 0x8000_0001, 0xFFFF_FFFF], dtype=torch.int64, device=device).to(torch.uint32)
+    packed, unpacked = launch(k, device, [a, words],
+                              [(n, len(PACK_COLUMNS)), (n, len(UNPACK_COLUMNS))], [torch.uint32, torch.float32],
+                              (n, 1, 1), (64, 1, 1))
+    v = a.cpu()  # float32: the products are the kernel's, so that a half-way one rounds as there
+
+    def unorm(x, bits):
+        x = torch.nan_to_num(x.float(), nan=0.0).clamp(0, 1)
+        return torch.round(x * (2**bits - 1)).long()  # torch.round: halves to even, as rint
+
+    def snorm(x, bits):
+        q = torch.round(torch.nan_to_num(x.float(), nan=0.0).clamp(-1, 1) * (2 ** (bits - 1) - 1)).long()
+        return q & (2**bits - 1)
+
+    def srgb(c):
+        c = torch.nan_to_num(c.double(), nan=0.0).clamp(0, 1)
+        return torch.where(c <= 0.0031308, c * 12.92, 1.055 * c ** (1 / 2.4) - 0.055)
+
+    def fields(parts):
+        out = torch.zeros(n, dtype=torch.long)
+        for val, shift in parts:
+            out |= val << shift
+        return out
+
+    x, y, z, w_ = v.unbind(1)
+    hv = v.half().float()
+    ref_packed = torch.stack([
+        fields([(unorm(x, 8), 0), (unorm(y, 8), 8), (unorm(z, 8), 16), (unorm(w_, 8), 24)]),
+        fields([(snorm(c * 2 - 1, 8), 8 * j) for j, c in enumerate((x, y, z, w_))]),
+        fields([(unorm(x, 16), 0), (unorm(y, 16), 16)]),
+        fields([(snorm(z * 2 - 1, 16), 0), (snorm(w_ * 2 - 1, 16), 16)]),
+        fields([(unorm(x, 10), 0), (unorm(y, 10), 10), (unorm(z, 10), 20), (unorm(w_, 2), 30)]),
+        fields([(unorm(x, 5), 0), (unorm(y, 6), 5), (unorm(z, 5), 11)]),
+        fields([(unorm(srgb(x), 8), 0), (unorm(srgb(y), 8), 8), (unorm(srgb(z), 8), 16), (unorm(w_, 8), 24)]),
+        fields([(unorm(c, 8), 8 * j) for j, c in enumerate(hv.unbind(1))]),
+    ], 1)
+    got = packed.cpu().to(torch.int64) & 0xFFFFFFFF
+    # the sRGB column (a pow in float32 against float64's) may land a step off at a half-way value
+    exact = [c for c in range(len(PACK_COLUMNS)) if c != 6]
+    assert torch.equal(got[:, exact], ref_packed[:, exact])
+    srgb_diff = torch.stack([((got[:, 6] >> s) & 255) - ((ref_packed[:, 6] >> s) & 255) for s in (0, 8, 16, 24)])
+    assert srgb_diff.abs().max() <= 1
+
+    u = words.cpu().to(torch.int64)
+
+    def field(shift, bits):
+        return (u >> shift) & (2**bits - 1)
+
+    def signed(f, bits):
+        return torch.where(f >= 2 ** (bits - 1), f - 2**bits, f).double()
+
+    def lin(c):
+        return torch.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+
+    ref_unpacked = torch.stack([
+        field(8, 8) / 255.0, (signed(field(24, 8), 8) / 127).clamp(min=-1), field(0, 16) / 65535.0,
+        (signed(field(16, 16), 16) / 32767).clamp(min=-1), field(20, 10) / 1023.0, field(30, 2) / 3.0,
+        field(5, 6) / 63.0, lin(field(0, 8) / 255.0), (signed(field(0, 8), 8) / 127).clamp(min=-1).half().double(),
+    ], 1)
+    torch.testing.assert_close(unpacked.cpu().double(), ref_unpacked, rtol=2e-6, atol=1e-6)
+
+
+def test_every_metal_header_is_includable(device):
+    """Each Metal header name kernelkit's include directory answers (the prelude holds their
+    contents: including one adds nothing), in a header as Metal code writes them."""
+    from kernelkit.backends.cuda import INCLUDE
+    names = sorted(p.name for p in INCLUDE.iterdir() if p.is_file() and p.name.startswith("metal_"))
+    assert {"metal_stdlib", "metal_array", "metal_pack", "metal_limits", "metal_quadgroup"} <= set(names)
+    header = "".join(f"#include <{n}>\n" for n in names) + "using namespace metal;\n"
+    k = kk.metal_kernel(name="every_header", input_names=["a"], output_names=["out"], header=header,
+                        source="out[thread_position_in_grid.x] = numeric_limits<float>::max() > a[0] ? 1 : 0;")
+    (out,) = launch(k, device, [torch.zeros(1, device=device)], [(4,)], [torch.int32], (4, 1, 1), (4, 1, 1))
+    assert out.tolist() == [1, 1, 1, 1]
+
+
 def test_swizzles_written_and_float16_literals(device):
     """MSL §2.2.1: a swizzle on the left of `=` or a compound assignment writes its components (each
     once; a repeated one is a compile error); §2.1: 0.5h / 0.5H half and 0.5bf / 0.5BF bfloat literals
