@@ -1548,7 +1548,14 @@ def test_llama_cpp_mul_mm_f16_f32(device, path, M, N, K):
                  output_shapes=[(N, M)], output_dtypes=[torch.float32])[0]
     # the simdgroup path stages src1 as half; the tensor path reads it as float
     b = src1.half().double() if path == "simdgroup" else src1.double()
-    close(dst, b @ src0.double().T, rtol=1e-4, atol=1e-4)
+    ref = b @ src0.double().T
+    if path == "tensor" and device.type == "cuda":
+        # its descriptor asks for relaxed_precision: on a GPU the float operand enters the tensor
+        # cores as tf32 (10 fraction bits, rounded or truncated), each product off by up to 2^-10
+        bound = 2.0**-10 * (src1.double().abs() @ src0.double().abs().T) + 1e-5
+        assert bool(((dst.cpu().double() - ref).abs() <= bound).all())
+    else:
+        close(dst, ref, rtol=1e-4, atol=1e-4)
 
 
 # --- ml-explore/mlx: mlx/backend/metal/kernels/steel/gemm/nax.h, BaseNAXFrag ---------------------------
