@@ -828,6 +828,167 @@ def test_geometric_precise_and_fast(device, math_mode):
         torch.testing.assert_close(out[:, c], ref, rtol=tol["rtol"], atol=tol["atol"], msg=expr)
 
 
+def F32(v):
+    """v rounded to float32, as a float literal `vf` is."""
+    return torch.tensor(v, dtype=torch.float32).item()
+
+
+def _frexp(v):
+    return [math.frexp(t) for t in v.tolist()]
+
+
+# (expression, float64 reference of x in [0.1, 3], y in [-3, 3], tolerance): every MSL math, common
+# and relational name the MATH table leaves out, in each namespace, and the calls that mix a vector
+# or a half with scalars (the forwarding path) in fast::, where metal::'s names are the other mode's.
+ULP8 = dict(rtol=1e-6, atol=1e-12)  # CUDA's acoshf is within 4 ulp, its other inverse and hyperbolic 2-3
+MATH_MORE = [
+    ("precise::exp10(y)", lambda x, y: 10**y, PRECISE),
+    ("fast::exp10(y)", lambda x, y: 10**y, FAST),
+    ("precise::log10(x)", lambda x, y: x.log10(), PRECISE),
+    ("fast::log10(x)", lambda x, y: x.log10(), FAST),
+    ("precise::sinpi(y)", lambda x, y: (math.pi * y).sin(), PRECISE),
+    ("cospi(y)", lambda x, y: (math.pi * y).cos(), PRECISE),
+    ("fast::tanpi(x * 0.1f)", lambda x, y: (math.pi * (x * F32(0.1)).float().double()).tan(), ULP8),
+    ("asin(y / 3.0f)", lambda x, y: (y / 3).float().double().asin(), ULP8),
+    ("fast::acos(y / 3.0f)", lambda x, y: (y / 3).float().double().acos(), ULP8),
+    ("atan(y)", lambda x, y: y.atan(), ULP8),
+    ("precise::sinh(y)", lambda x, y: y.sinh(), ULP8),
+    ("cosh(y)", lambda x, y: y.cosh(), ULP8),
+    ("asinh(y)", lambda x, y: y.asinh(), ULP8),
+    ("acosh(x + 1.0f)", lambda x, y: (x + 1).float().double().acosh(), ULP8),
+    ("fast::atanh(y / 3.5f)", lambda x, y: (y / 3.5).float().double().atanh(), ULP8),
+    ("fast::tan(x * 0.4f)", lambda x, y: (x * F32(0.4)).float().double().tan(), FAST),
+    ("precise::powr(x, y)", lambda x, y: x.pow(y), PRECISE),
+    ("fast::powr(x, y)", lambda x, y: x.pow(y), FAST),
+    ("precise::divide(y, x)", lambda x, y: y / x, PRECISE),
+    ("fast::divide(y, x)", lambda x, y: y / x, FAST),
+    ("fmod(y, x)", lambda x, y: torch.fmod(y, x), EXACT),
+    ("copysign(x, y)", lambda x, y: torch.copysign(x, y), EXACT),
+    ("fdim(x, y)", lambda x, y: (x - y).clamp(min=0).float(), EXACT),
+    ("fract(y)", lambda x, y: y - y.floor(), EXACT),
+    ("logb(x)", lambda x, y: x.log2().floor(), EXACT),
+    ("float(ilogb(x))", lambda x, y: x.log2().floor(), EXACT),
+    ("fm", lambda x, y: torch.tensor([m for m, _ in _frexp(y)], dtype=torch.float64), EXACT),
+    ("float(fe)", lambda x, y: torch.tensor([e for _, e in _frexp(y)], dtype=torch.float64), EXACT),
+    ("ldexp(y, 3)", lambda x, y: y * 8, EXACT),
+    ("ldexp(float2(y), int2(-2)).y", lambda x, y: y / 4, EXACT),
+    ("frac", lambda x, y: y - y.trunc(), EXACT),
+    ("whole", lambda x, y: y.trunc(), EXACT),
+    ("s1", lambda x, y: y.sin(), PRECISE),
+    ("c1", lambda x, y: y.cos(), PRECISE),
+    ("s4.w", lambda x, y: y.sin(), FAST),
+    ("c4.w", lambda x, y: y.cos(), FAST),
+    ("step(0.5f, y)", lambda x, y: (y >= 0.5).double(), EXACT),
+    ("step(float2(0.5f), float2(y)).y", lambda x, y: (y >= 0.5).double(), EXACT),
+    ("smoothstep(-1.0f, 2.0f, y)", lambda x, y: (lambda t: t * t * (3 - 2 * t))(((y + 1) / 3).clamp(0, 1)), MIX),
+    ("saturate(y)", lambda x, y: y.clamp(0, 1), EXACT),
+    ("sign(y)", lambda x, y: y.sign(), EXACT),
+    ("fmin(float2(y), 0.5f).x", lambda x, y: y.clamp(max=0.5), EXACT),
+    ("fast::pow(float4(x), 2.0f).z", lambda x, y: x * x, FAST),
+    ("fast::powr(float2(x), 0.5f).y", lambda x, y: x.sqrt(), FAST),
+    ("fast::divide(float3(y), 2.0f).x", lambda x, y: y / 2, FAST),
+    ("float(fast::pow(half(x), 2))", lambda x, y: x.half().double() ** 2, dict(rtol=2e-3, atol=1e-3)),
+    ("precise::pow(float2(x), 3).x", lambda x, y: x**3, PRECISE),
+    ("fast::exp(float2(y)).y + fast::exp(half2(half(y))).x",
+     lambda x, y: y.exp() + y.half().double().exp(), dict(rtol=2e-3, atol=1e-3)),
+]
+
+
+def test_math_every_function_and_mode(device):
+    body = """
+    uint i = thread_position_in_grid.x;
+    float x = xs[i], y = ys[i];
+    int fe;
+    float fm = frexp(y, fe), whole, frac = modf(y, whole), c1, s1 = precise::sincos(y, c1);
+    float4 c4, s4 = metal::fast::sincos(float4(y), c4);
+""" + "".join(f"    out[i * {len(MATH_MORE)} + {c}] = {e};\n" for c, (e, _, _) in enumerate(MATH_MORE))
+    k = kk.metal_kernel(name="math_every_function", input_names=["xs", "ys"], output_names=["out"], source=body)
+    n = 256
+    x = torch.rand(n, device=device) * 2.9 + 0.1
+    y = torch.rand(n, device=device) * 6 - 3
+    y[:6] = torch.tensor([0.0, -0.5, 0.5, 1.0, -2.0, 2.5])  # exact zeros and halves of sinpi, cospi, step...
+    out = launch(k, device, [x, y], [(n, len(MATH_MORE))], [torch.float32], (n, 1, 1), (64, 1, 1))[0].cpu().double()
+    xd, yd = x.cpu().double(), y.cpu().double()
+    failures = []
+    for c, (expr, ref_fn, tol) in enumerate(MATH_MORE):
+        ref = torch.as_tensor(ref_fn(xd, yd), dtype=torch.float64).expand(n)
+        close = torch.isclose(out[:, c], ref, rtol=tol["rtol"], atol=tol["atol"])
+        if not close.all():
+            j = int((~close).nonzero()[0])
+            failures.append(f"{expr}: {int((~close).sum())}/{n} off, e.g. y={yd[j].item()!r}: "
+                            f"{out[j, c].item()!r} vs {ref[j].item()!r}")
+    assert not failures, "\n".join(failures)
+
+
+def test_relational_and_geometric_functions(device):
+    # relational functions on scalars and vectors (bool vectors back), with NaNs, zeros, subnormals;
+    # the geometric functions the other tests leave out, on float3 and half3
+    flags = ["isordered(x, y)", "isunordered(x, y)", "isordered(float2(x, y), float2(y, 1.0f)).x",
+             "isunordered(half2(half(y), half(x)), half2(half(0))).y", "precise::isunordered(x, x)",
+             "isnormal(x)", "isnormal(half(x))", "isnormal(float3(x)).z", "isfinite(x)", "signbit(x)",
+             "signbit(half(x))", "signbit(float4(x)).w", "all(float3(x, y, 1.0f) > 0.0f)",
+             "any(float2(x, y) > 0.0f)", "select(int3(1, 2, 3), int3(4, 5, 6), bool3(x > y, x < y, true)).x",
+             "select(7, 8, x == y)"]
+    geo = ["length_squared(a)", "distance_squared(a, b)", "dot(a, b)", "cross(a, b).x", "cross(a, b).y",
+           "cross(a, b).z", "reflect(a, nb).x", "reflect(a, nb).z", "refract(a, na, 0.75f).y",
+           "refract(na, nb, 1.5f).z", "faceforward(a, b, na).x", "float(cross(half3(a), half3(b)).z)",
+           "float(length_squared(half3(a)))"]
+    body = """
+    uint i = thread_position_in_grid.x;
+    float x = xs[i], y = ys[i];
+    float3 a = float3(ps[3 * i], ps[3 * i + 1], ps[3 * i + 2]), b = float3(qs[3 * i], qs[3 * i + 1], qs[3 * i + 2]);
+    float3 na = precise::normalize(a), nb = precise::normalize(b);
+""" + "".join(f"    flags[i * {len(flags)} + {c}] = {e};\n" for c, e in enumerate(flags)) \
+        + "".join(f"    geo[i * {len(geo)} + {c}] = {e};\n" for c, e in enumerate(geo))
+    k = kk.metal_kernel(name="relational_geometric", input_names=["xs", "ys", "ps", "qs"],
+                        output_names=["flags", "geo"], source=body)
+    inf, nan = float("inf"), float("nan")
+    special = [0.0, -0.0, 1e-40, -1e-40, 1e-5, 1.0, -2.5, inf, -inf, nan, -nan, 3e38, 6e-5, 7e4]
+    xs = torch.tensor([v for v in special for _ in special] + torch.randn(60).tolist())
+    ys = torch.tensor([v for _ in special for v in special] + torch.randn(60).tolist())
+    n = len(xs)
+    p, q = torch.randn(n, 3) * 2, torch.randn(n, 3) * 2
+    fl, go = launch(k, device, [xs.to(device), ys.to(device), p.flatten().to(device), q.flatten().to(device)],
+                    [(n, len(flags)), (n, len(geo))], [torch.int32, torch.float32], (n, 1, 1), (64, 1, 1))
+    fl, go = fl.cpu(), go.cpu().double()
+
+    def normal(v, dtype):
+        return v.isfinite() & (v.abs() >= torch.finfo(dtype).tiny)
+
+    h = xs.half()
+    sign = xs.view(torch.int32) < 0
+    # a NaN's sign after a conversion is unspecified (IEEE 754): CUDA's makes the canonical,
+    # positive NaN, the CPU keeps the sign
+    half_sign = torch.where(xs.isnan(), fl[:, flags.index("signbit(half(x))")].bool(), h.view(torch.int16) < 0)
+    ref = torch.stack([c.int() for c in [
+        ~xs.isnan() & ~ys.isnan(), xs.isnan() | ys.isnan(), ~xs.isnan() & ~ys.isnan(), h.isnan(), xs.isnan(),
+        normal(xs, torch.float32), normal(h.float(), torch.float16), normal(xs, torch.float32), xs.isfinite(),
+        sign, half_sign, sign, (xs > 0) & (ys > 0), (xs > 0) | (ys > 0),
+        torch.where(xs > ys, 4, 1), torch.where(xs == ys, 8, 7)]], 1)
+    assert torch.equal(fl, ref), [flags[c] for c in range(len(flags)) if not torch.equal(fl[:, c], ref[:, c])]
+
+    a, b = p.double(), q.double()
+    af, bf = p.float().double(), q.float().double()
+    na, nb = a / a.norm(dim=1, keepdim=True), b / b.norm(dim=1, keepdim=True)
+
+    def refract(i, nrm, eta):
+        d = (nrm * i).sum(1, keepdim=True)
+        k = 1 - eta * eta * (1 - d * d)
+        r = eta * i - (eta * d + k.clamp(min=0).sqrt()) * nrm
+        return torch.where(k < 0, torch.zeros_like(r), r)
+
+    cross = torch.linalg.cross(a, b)
+    reflect = a - 2 * (nb * a).sum(1, keepdim=True) * nb
+    ah, bh = a.half().double(), b.half().double()
+    refs = [(a * a).sum(1), ((a - b) ** 2).sum(1), (a * b).sum(1), cross[:, 0], cross[:, 1], cross[:, 2],
+            reflect[:, 0], reflect[:, 2], refract(a, na, 0.75)[:, 1], refract(na, nb, 1.5)[:, 2],
+            torch.where((na * b).sum(1) < 0, a[:, 0], -a[:, 0]), torch.linalg.cross(ah, bh)[:, 2],
+            (ah * ah).sum(1)]
+    for c, (expr, r) in enumerate(zip(geo, refs)):
+        tol = dict(rtol=1e-2, atol=5e-2) if "half" in expr else dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(go[:, c], r, **tol, msg=expr)
+
+
 def test_as_type(device):
     body = """
     uint i = thread_position_in_grid.x;
@@ -975,6 +1136,63 @@ def test_madsat_absdiff_and_vector_bit_functions(device):
         assert g == r, [(cols[j], g[j], r[j]) for j in range(len(cols)) if g[j] != r[j]][:4] + [i]
 
 
+def reverse_bits_ref(x, bits):
+    return int(format(x & ((1 << bits) - 1), f"0{bits}b")[::-1], 2)
+
+
+def rotate_ref(x, s, bits):
+    x &= (1 << bits) - 1
+    s %= bits
+    return ((x << s) | (x >> (bits - s))) & ((1 << bits) - 1)
+
+
+def test_integer_arithmetic_functions_every_type(device):
+    # addsat, subsat, hadd, rhadd, mulhi, mul24, mad24, madhi, rotate, reverse_bits, ctz, abs on each
+    # integer type, exactly; abs of the most negative value wraps to itself, as on the GPU
+    fns = ["addsat(x, y)", "subsat(x, y)", "hadd(x, y)", "rhadd(x, y)", "mulhi(x, y)", "mul24(s, t)",
+           "mad24(s, t, x)", "madhi(x, y, z)", "rotate(x, y)", "reverse_bits(x)", "ctz(x)", "abs(x)",
+           "clz(x)", "popcount(x)"]
+    cols = [f"{{ {t} x = {t}(a), y = {t}(b), z = {t}(c), s = {t}(a % 1000), t = {t}(b % 1000); "
+            f"row_[{j}] = int64_t({f}); }}" for j, (t, f) in enumerate((t, f) for t in INT_TYPES for f in fns)]
+    cols += ["{ vec<int, 3> x = int3(int(a)), y = int3(int(b)); row_[%d] = int64_t(addsat(x, y).z) + hadd(x, y).y; }"
+             % len(cols),
+             "{ ushort4 x = ushort4(ushort(a)), y = ushort4(ushort(b)); row_[%d] = int64_t(mulhi(x, y).w); }"
+             % (len(cols) + 1)]
+    body = """
+    uint i = thread_position_in_grid.x;
+    int64_t a = as[i], b = bs[i], c = cs[i];
+    device int64_t* row_ = out + i * %d;
+""" % len(cols) + "".join(f"    {e}\n" for e in cols)
+    k = kk.metal_kernel(name="integer_arithmetic", input_names=["as", "bs", "cs"], output_names=["out"],
+                        source=body)
+    edge = [(-2**63, -1, 0), (-2**63, 1, -1), (2**63 - 1, 1, 5), (-128, -128, 0), (127, 127, -1),
+            (-2**15, 2**15 - 1, 3), (-2**31, -2**31, -2**31), (2**31 - 1, 2**31 - 1, 2**31 - 1), (0, 0, 0),
+            (-1, -1, -1), (255, 1, 0), (65535, 65535, 65535), (2**32 - 1, 2**32 - 1, 1)]
+    n = 200
+    abc = torch.randint(-2**62, 2**62, (3, n), dtype=torch.int64) * 2
+    abc = abc >> torch.randint(0, 64, (3, n))
+    abc[:, :len(edge)] = torch.tensor(edge).t()
+    out = launch(k, device, [t.to(device) for t in abc], [(n, len(cols))], [torch.int64], (n, 1, 1),
+                 (64, 1, 1))[0].cpu().tolist()
+    for r, (av, bv, cv) in enumerate(abc.t().tolist()):
+        want = []
+        for bits, signed in INT_TYPES.values():
+            x, y, z = (wrap(v, bits, signed) for v in (av, bv, cv))
+            s, t = (wrap(int(math.copysign(abs(v) % 1000, v)), bits, signed) for v in (av, bv))  # C's %
+            lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+            u = x & ((1 << bits) - 1)
+            vals = [min(max(x + y, lo), hi), min(max(x - y, lo), hi), (x + y) >> 1, (x + y + 1) >> 1,
+                    (x * y) >> bits, s * t, s * t + x, ((x * y) >> bits) + z, rotate_ref(x, y, bits),
+                    reverse_bits_ref(x, bits), bits if u == 0 else (u & -u).bit_length() - 1, abs(x),
+                    bits - u.bit_length(), bin(u).count("1")]
+            want += [wrap(wrap(v, bits, signed), 64, True) for v in vals]
+        x, y = wrap(av, 32, True), wrap(bv, 32, True)
+        want.append(min(max(x + y, -2**31), 2**31 - 1) + ((x + y) >> 1))
+        want.append((wrap(av, 16, False) * wrap(bv, 16, False)) >> 16)
+        bad = [(cols[j], out[r][j], want[j]) for j in range(len(cols)) if out[r][j] != want[j]]
+        assert not bad, (r, (av, bv, cv), bad[:4])
+
+
 def test_numeric_limits(device):
     body = """
     of[0] = metal::numeric_limits<float>::max();
@@ -1090,6 +1308,41 @@ def test_integer_limit_macros(device):
     k = kk.metal_kernel(name="int_limits", input_names=[], output_names=["out"], source=INT_LIMITS_BODY)
     out = launch(k, device, [], [(len(INT_LIMITS) + 1,)], [torch.int64], (1, 1, 1), (1, 1, 1))[0]
     assert out.cpu().tolist() == [*INT_LIMITS.values(), 1]
+
+
+FLOAT_CONSTANTS = {
+    "FLT_DIG": 6, "FLT_MANT_DIG": 24, "FLT_MAX_10_EXP": 38, "FLT_MAX_EXP": 128, "FLT_MIN_10_EXP": -37,
+    "FLT_MIN_EXP": -125, "FLT_RADIX": 2, "FLT_MAX": torch.finfo(torch.float32).max,
+    "FLT_MIN": torch.finfo(torch.float32).tiny, "FLT_EPSILON": torch.finfo(torch.float32).eps,
+    "MAXFLOAT": torch.finfo(torch.float32).max, "HUGE_VALF": math.inf, "INFINITY": math.inf,
+    "HALF_DIG": 3, "HALF_MANT_DIG": 11, "HALF_MAX_10_EXP": 4, "HALF_MAX_EXP": 16, "HALF_MIN_10_EXP": -4,
+    "HALF_MIN_EXP": -13, "HALF_RADIX": 2, "HALF_MAX": 65504.0, "HALF_MIN": 2.0**-14, "HALF_EPSILON": 2.0**-10,
+    "MAXHALF": 65504.0, "HUGE_VALH": math.inf}
+MATH_CONSTANTS = {"E": math.e, "LOG2E": math.log2(math.e), "LOG10E": math.log10(math.e), "LN2": math.log(2),
+                  "LN10": math.log(10), "PI": math.pi, "PI_2": math.pi / 2, "PI_4": math.pi / 4,
+                  "1_PI": 1 / math.pi, "2_PI": 2 / math.pi, "2_SQRTPI": 2 / math.sqrt(math.pi),
+                  "SQRT2": math.sqrt(2), "SQRT1_2": math.sqrt(0.5)}
+
+
+def test_float_and_half_limits_and_constants(device):
+    # MSL's implementation limits (FLT_*, HALF_*) and its M_*_F / M_*_H constants: each the float or
+    # half nearest the exact value
+    names = list(FLOAT_CONSTANTS) + [f"M_{c}_F" for c in MATH_CONSTANTS] + [f"M_{c}_H" for c in MATH_CONSTANTS]
+    body = """
+    static_assert(FLT_MANT_DIG == numeric_limits<float>::digits && HALF_MIN_EXP == numeric_limits<half>::min_exponent
+                  && HALF_DIG == numeric_limits<half>::digits10 && FLT_MIN_10_EXP == numeric_limits<float>::min_exponent10,
+                  "the macros agree with numeric_limits");
+    static_assert(is_same_v<decltype(M_PI_H), half> && is_same_v<decltype(M_PI_F), float>, "types");
+    float nan_ = NAN;
+    out[0] = isnan(nan_);
+""" + "".join(f"    out[{c + 1}] = {e};\n" for c, e in enumerate(names))
+    k = kk.metal_kernel(name="float_constants", input_names=[], output_names=["out"], source=body)
+    out = launch(k, device, [], [(len(names) + 1,)], [torch.float64], (1, 1, 1), (1, 1, 1))[0].cpu().tolist()
+    want = [1.0] + list(FLOAT_CONSTANTS.values())
+    want += [torch.tensor(v).float().item() for v in MATH_CONSTANTS.values()]
+    want += [torch.tensor(v).half().item() for v in MATH_CONSTANTS.values()]
+    bad = [(e, g, w) for e, g, w in zip(["isnan(NAN)"] + names, out, want) if g != w]
+    assert not bad, bad
 
 
 @pytest.mark.host_only
@@ -1311,6 +1564,89 @@ inline void bump(threadgroup atomic_int* counter, int v) {
         assert r[9] == sum(v), g
         assert hist[g] == [sum(1 for x in v if u32(x) & 7 == b) for b in range(8)], g
         assert sorted(order[lo:hi]) == list(range(size)), g
+
+
+def test_atomic_fence_64bit_min_max_and_implicit_forms(device):
+    # atomic_thread_fence in the last-group pattern (each group publishes a partial sum, fences,
+    # takes a ticket; the last group's fence lets it read every partial); Metal's void 64-bit
+    # atomic_max_explicit / atomic_min_explicit; the forms without _explicit; atomic_bool; float min/max
+    body = """
+    uint i = thread_position_in_grid.x;
+    uint tid = thread_index_in_threadgroup;
+    uint g = threadgroup_position_in_grid.x, groups = threadgroups_per_grid.x;
+    threadgroup bool last;
+    threadgroup atomic_bool flag;
+    if (tid == 0) atomic_store_explicit(&flag, false, memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid == 0) {
+        float s = 0.0f;
+        for (uint j = 0; j < threads_per_threadgroup.x; ++j) s += vals[g * threads_per_threadgroup.x + j];
+        parts[g] = s;
+        atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);
+        uint ticket = atomic_fetch_add_explicit((device atomic_uint*)counter, 1u, memory_order_relaxed);
+        last = ticket == groups - 1;
+        if (last) {
+            atomic_thread_fence(mem_flags::mem_device, memory_order_acq_rel);
+            float t = 0.0f;
+            for (uint j = 0; j < groups; ++j) t += parts[j];
+            total[0] = t;
+        }
+    }
+    atomic_thread_fence(mem_flags::mem_threadgroup, memory_order_relaxed, thread_scope_threadgroup);
+    atomic_thread_fence(mem_flags::mem_threadgroup | mem_flags::mem_device, memory_order_release,
+                        thread_scope_simdgroup);
+    ulong w = ulong(keys[i]);
+    atomic_max_explicit((device atomic_ulong*)umax, w, memory_order_relaxed);
+    atomic_min_explicit((device atomic_ulong*)umin, w, memory_order_relaxed);
+    device atomic_int* ai = (device atomic_int*)ints;
+    atomic_fetch_add(&ai[0], 2);
+    atomic_fetch_sub(&ai[1], 1);
+    atomic_fetch_max(&ai[2], int(i));
+    atomic_fetch_min(&ai[3], -int(i));
+    atomic_fetch_or(&ai[4], 1 << (i % 31));
+    atomic_fetch_xor(&ai[5], int(i));
+    atomic_fetch_and((device atomic_int*)ands, ~(1 << (i % 7)));
+    olds[i] = atomic_exchange(&ai[7], int(i));
+    int e = atomic_load(&ai[8]);
+    while (!atomic_compare_exchange_weak(&ai[8], &e, e + 3)) {
+    }
+    if (i == 0) atomic_store(&ai[9], 42);
+    bool expected = false;
+    if (atomic_compare_exchange_strong_explicit(&flag, &expected, true, memory_order_relaxed, memory_order_relaxed))
+        atomic_fetch_add_explicit(&ai[10], 1, memory_order_relaxed);  // once per group
+    atomic_fetch_max_explicit((device atomic_float*)fmax_, vals[i], memory_order_relaxed);
+    atomic_fetch_min_explicit((device atomic_float*)fmin_, vals[i], memory_order_relaxed);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid == 0) flags[g] = atomic_exchange_explicit(&flag, false, memory_order_relaxed);
+"""
+    k = kk.metal_kernel(name="atomic_fence_forms", input_names=["vals", "keys"],
+                        output_names=["parts", "counter", "total", "umax", "umin", "ints", "ands", "olds",
+                                      "fmax_", "fmin_", "flags"],
+                        source=body)
+    G, groups = 64, 37
+    n = G * groups
+    vals = torch.randint(-50, 50, (n,), device=device).float()
+    keys = torch.randint(1, 2**62, (n,), dtype=torch.int64, device=device) * torch.randint(1, 3, (n,), device=device)
+    i32, f32 = torch.int32, torch.float32
+    parts, counter, total, umax, umin, ints, ands, olds, fmax, fmin, flags = launch(
+        k, device, [vals, keys], [(groups,), (1,), (1,), (1,), (1,), (11,), (1,), (n,), (1,), (1,), (groups,)],
+        [f32, i32, f32, torch.int64, torch.int64, i32, i32, i32, f32, f32, i32], (n, 1, 1), (G, 1, 1),
+        init_value=[0, 0, 0, 0, -1, 0, -1, 0, -1e9, 1e9, 0])
+    v = vals.cpu()
+    assert counter.item() == groups and torch.equal(parts.cpu(), v.view(groups, G).sum(1))
+    assert total.item() == v.sum().item()  # integers: exact in any order
+    u = [k_ & (2**64 - 1) for k_ in keys.cpu().tolist()]
+    assert [umax.item() & (2**64 - 1), umin.item() & (2**64 - 1)] == [max(u), min(u)]
+    or_mask = 0
+    xor = 0
+    for i in range(n):
+        or_mask |= 1 << (i % 31)
+        xor ^= i
+    ints = ints.cpu().tolist()
+    assert ints[:6] == [2 * n, -n, n - 1, -(n - 1), or_mask, xor] and ands.item() == ~0x7f
+    assert sorted(olds.cpu().tolist() + [ints[7]]) == [0] + list(range(n)) and ints[8:] == [3 * n, 42, groups]
+    assert [fmax.item(), fmin.item()] == [v.max().item(), v.min().item()]
+    assert flags.cpu().tolist() == [1] * groups
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,13 @@ enum memory_order {
   memory_order_acq_rel,
   memory_order_seq_cst,
 };
+// The threads a fence orders memory for (atomic_thread_fence's last argument); Metal's values.
+enum thread_scope {
+  thread_scope_thread = 0,
+  thread_scope_threadgroup = 1,
+  thread_scope_device = 2,
+  thread_scope_simdgroup = 4,
+};
 
 template <class T>
 struct atomic {
@@ -120,6 +127,16 @@ KK_FN T atomic_fetch_sub_explicit(volatile atomic<T>* obj, kk_detail::identity_t
                                   memory_order = memory_order_relaxed) {
   if constexpr (kk_detail::has_native_f16_add<T>) return kk_detail::native_f16_add(obj, T(-v));
   else return kk::atomic_fetch_sub(kk_detail::value_ptr(obj), v);
+}
+
+// Metal's 64-bit min and max (atomic_ulong, MSL 2.4): no value returned. Any T here.
+template <class T>
+KK_FN void atomic_max_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> v, memory_order = memory_order_relaxed) {
+  kk::atomic_fetch_max(kk_detail::value_ptr(obj), v);
+}
+template <class T>
+KK_FN void atomic_min_explicit(volatile atomic<T>* obj, kk_detail::identity_t<T> v, memory_order = memory_order_relaxed) {
+  kk::atomic_fetch_min(kk_detail::value_ptr(obj), v);
 }
 
 // The forms without _explicit (memory_order_relaxed: Metal has no other for device memory).

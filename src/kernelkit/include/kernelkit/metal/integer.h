@@ -75,9 +75,11 @@ template <class T> constexpr int bit_width = int(sizeof(T) * 8);
 template <class T> using unsigned_t = typename make_unsigned<T>::type;
 }  // namespace kk_detail
 
+// Negated in the unsigned type: abs(INT_MIN) wraps to INT_MIN (two's complement), where -x would
+// overflow (undefined in C++).
 template <class T, kk_detail::if_int<T> = 0>
 KK_FN T abs(T x) {
-  if constexpr (is_signed_v<T>) return x < 0 ? T(-x) : x;
+  if constexpr (is_signed_v<T>) return x < 0 ? T(kk_detail::unsigned_t<T>(0) - kk_detail::unsigned_t<T>(x)) : x;
   else return x;
 }
 // |x - y| in the unsigned type of the same width (MSL's Tu), where it always fits.
@@ -158,12 +160,21 @@ template <class T, kk_detail::if_int<T> = 0>
 KK_FN T hadd(T x, T y) { return T((x >> 1) + (y >> 1) + (x & y & 1)); }
 template <class T, kk_detail::if_int<T> = 0>
 KK_FN T rhadd(T x, T y) { return T((x >> 1) + (y >> 1) + ((x | y) & 1)); }
+// x * y + z wrapping around, as the GPU's: computed unsigned, at least 32 bits wide (a signed
+// overflow is undefined in C++, and ushort * ushort overflows the int it promotes to).
+namespace kk_detail {
+template <class T> using wide_unsigned_t = conditional_t<(sizeof(T) < 4), unsigned, unsigned_t<T>>;
+template <class T> KK_FN T wrap_mad(T x, T y, T z) {
+  using W = wide_unsigned_t<T>;
+  return T(W(W(x) * W(y)) + W(z));
+}
+}  // namespace kk_detail
 template <class T, kk_detail::if_int<T> = 0>
-KK_FN T mul24(T x, T y) { return T(x * y); }
+KK_FN T mul24(T x, T y) { return kk_detail::wrap_mad(x, y, T(0)); }
 template <class T, kk_detail::if_int<T> = 0>
-KK_FN T mad24(T x, T y, T z) { return T(x * y + z); }
+KK_FN T mad24(T x, T y, T z) { return kk_detail::wrap_mad(x, y, z); }
 template <class T, kk_detail::if_int<T> = 0>
-KK_FN T madhi(T x, T y, T z) { return T(mulhi(x, y) + z); }
+KK_FN T madhi(T x, T y, T z) { return kk_detail::wrap_mad(mulhi(x, y), T(1), z); }
 // a*b+c saturated once, from its exact value: in 64 bits for types up to 32 bits, else in
 // 128 bits as (high, low) words, the high word from mulhi.
 template <class T, kk_detail::if_int<T> = 0>

@@ -200,6 +200,49 @@ template <class T> struct numeric_limits<const T> : numeric_limits<T> {};
 #ifndef FLT_EPSILON
 #define FLT_EPSILON 0x1p-23f
 #endif
+// MSL's implementation limits for float and half (<float.h>'s names; HALF_* as OpenCL C's).
+#ifndef FLT_DIG
+#define FLT_DIG 6
+#endif
+#ifndef FLT_MANT_DIG
+#define FLT_MANT_DIG 24
+#endif
+#ifndef FLT_MAX_10_EXP
+#define FLT_MAX_10_EXP +38
+#endif
+#ifndef FLT_MAX_EXP
+#define FLT_MAX_EXP +128
+#endif
+#ifndef FLT_MIN_10_EXP
+#define FLT_MIN_10_EXP -37
+#endif
+#ifndef FLT_MIN_EXP
+#define FLT_MIN_EXP -125
+#endif
+#ifndef FLT_RADIX
+#define FLT_RADIX 2
+#endif
+#ifndef HALF_DIG
+#define HALF_DIG 3
+#endif
+#ifndef HALF_MANT_DIG
+#define HALF_MANT_DIG 11
+#endif
+#ifndef HALF_MAX_10_EXP
+#define HALF_MAX_10_EXP +4
+#endif
+#ifndef HALF_MAX_EXP
+#define HALF_MAX_EXP +16
+#endif
+#ifndef HALF_MIN_10_EXP
+#define HALF_MIN_10_EXP -4
+#endif
+#ifndef HALF_MIN_EXP
+#define HALF_MIN_EXP -13
+#endif
+#ifndef HALF_RADIX
+#define HALF_RADIX 2
+#endif
 #ifndef HALF_MAX
 #define HALF_MAX (::metal::numeric_limits<::metal::half>::max())
 #endif

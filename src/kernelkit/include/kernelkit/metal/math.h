@@ -126,12 +126,15 @@ KK_FN double divide(double x, double y) { return x / y; }
 // ---------------------------------------------------------------------------
 // Overload sets. FFN/DFN: the float and double implementations.
 
-// Calls whose arguments need converting first (see forward_t).
+// Calls whose arguments need converting first (see forward_t). The call is qualified with the
+// enclosing namespace (kk_this_ns: metal, precise or fast): unqualified, argument-dependent
+// lookup would also find metal::pow (the other mode's) for a vector, an ambiguity.
 #define KK_MATH_FORWARD(name, int_ok)                                                     \
   template <class... A, class R = kk_detail::forward_t<int_ok, A...>>                     \
-  KK_FN auto name(const A&... a)->decltype(name(R(a)...)) {                               \
-    return name(R(a)...);                                                                 \
+  KK_FN auto name(const A&... a)->decltype(kk_this_ns::name(R(a)...)) {                   \
+    return kk_this_ns::name(R(a)...);                                                     \
   }
+namespace kk_this_ns = ::metal;
 
 #define KK_MATH1(name, FFN, DFN)                                                          \
   KK_FN float name(float x) { return FFN(x); }                                            \
@@ -372,8 +375,17 @@ template <class F> KK_FN bool isnormal(kk_detail::float16<F> x) {
   return isfinite(x) && !(fabs(x) < numeric_limits<kk_detail::float16<F>>::min());
 }
 template <class F> KK_FN bool signbit(kk_detail::float16<F> x) { return (x.bits & 0x8000u) != 0; }
-template <class T> KK_FN bool isordered(T x, T y) { return !isnan(x) && !isnan(y); }
-template <class T> KK_FN bool isunordered(T x, T y) { return isnan(x) || isnan(y); }
+template <class T, enable_if_t<kk_detail::is_scalar<T>, int> = 0>
+KK_FN bool isordered(T x, T y) { return !isnan(x) && !isnan(y); }
+template <class T, enable_if_t<kk_detail::is_scalar<T>, int> = 0>
+KK_FN bool isunordered(T x, T y) { return isnan(x) || isnan(y); }
+// On vectors, element-wise: a bool vector.
+template <class T, int N> KK_FN vec<bool, N> isordered(const vec<T, N>& x, const vec<T, N>& y) {
+  return kk_detail::vmap<bool, N>([](const T& a, const T& b) { return isordered(a, b); }, x, y);
+}
+template <class T, int N> KK_FN vec<bool, N> isunordered(const vec<T, N>& x, const vec<T, N>& y) {
+  return kk_detail::vmap<bool, N>([](const T& a, const T& b) { return isunordered(a, b); }, x, y);
+}
 #define KK_RELATIONAL_VEC(name)                                                           \
   template <class T, int N> KK_FN vec<bool, N> name(const vec<T, N>& x) {                 \
     return kk_detail::vmap<bool, N>([](const T& a) { return bool(name(a)); }, x);         \
@@ -396,6 +408,7 @@ KK_FN vec<T, N> select(const vec<T, N>& a, const vec<T, N>& b, const vec<bool, N
 // Modal functions: one precise and one fast version each.
 
 namespace precise {
+namespace kk_this_ns = ::metal::precise;
 KK_MATH1(exp, ::expf, ::exp)
 KK_MATH1(exp2, ::exp2f, ::exp2)
 KK_MATH1(exp10, kk_detail::exp10, kk_detail::exp10)
@@ -427,6 +440,7 @@ KK_MATH2(divide, kk_detail::divide, kk_detail::divide)
 }  // namespace precise
 
 namespace fast {
+namespace kk_this_ns = ::metal::fast;
 KK_MATH1(exp, kk::fast::exp, ::exp)
 KK_MATH1(exp2, kk::fast::exp2, ::exp2)
 KK_MATH1(exp10, kk::fast::exp10, kk_detail::exp10)
@@ -457,12 +471,12 @@ using precise::acosh;
 using precise::atanh;
 }  // namespace fast
 
-// sincos(x, cosval): returns sin(x), stores cos(x).
+// sincos(x, cosval): returns sin(x), stores cos(x). (Qualified calls, as in KK_MATH_FORWARD.)
 #define KK_SINCOS(ns)                                                                     \
   namespace ns {                                                                          \
   template <class T> KK_FN T sincos(const T& x, T& c) {                                   \
-    c = cos(x);                                                                           \
-    return sin(x);                                                                        \
+    c = ns::cos(x);                                                                       \
+    return ns::sin(x);                                                                    \
   }                                                                                       \
   }
 KK_SINCOS(precise)
@@ -479,7 +493,7 @@ KK_SINCOS(fast)
   X(copysign) X(fdim) X(fmax) X(fmin) X(nextafter) X(fma) X(frexp) X(ldexp) X(modf)       \
   X(ilogb) X(max) X(min) X(clamp) X(max3) X(min3) X(median3) X(fmax3) X(fmin3)          \
   X(fmedian3) X(mix) X(step) X(smoothstep) X(saturate) X(sign) X(isnan) X(isinf)          \
-  X(isfinite) X(isnormal) X(signbit) X(select)
+  X(isfinite) X(isnormal) X(signbit) X(isordered) X(isunordered) X(select)
 #define KK_USING_SHARED(name) using metal::name;
 namespace precise { KK_MATH_SHARED(KK_USING_SHARED) }
 namespace fast { KK_MATH_SHARED(KK_USING_SHARED) }

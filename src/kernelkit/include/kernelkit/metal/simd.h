@@ -40,6 +40,21 @@ KK_FN void simdgroup_barrier(mem_flags = mem_flags::mem_none, kk::site s = KK_SY
   kk::simdgroup_barrier(s);
 }
 
+// atomic_thread_fence(flags, order, scope): orders this thread's memory accesses without an atomic
+// object. Relaxed has no effect (as in C++); any other order is a sequentially consistent fence at
+// the scope: the group's (CUDA's fence.sc.cta) up to threadgroup scope, the GPU's (fence.sc.gpu) at
+// device scope. On the CPU a group's threads share one OS thread, groups do not: one full fence.
+KK_FN void atomic_thread_fence(mem_flags, memory_order order, thread_scope scope = thread_scope_device) {
+  if (order == memory_order_relaxed) return;
+#if defined(KK_TARGET_CUDA)
+  if (scope == thread_scope_device) __threadfence();
+  else __threadfence_block();
+#else
+  (void)scope;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // Votes: bit i for lane i. simd_vote holds 32 lanes' bits, quad_vote 4.
 
