@@ -6,8 +6,9 @@ The extension is optional: where the build has no C++ compiler or no Python head
 holds none and kernelkit builds it on first use at run time, else takes the pure-Python path
 (kernelkit/fastcall.py). Editable installs skip it on purpose, so that an edit to fastcall.cpp
 is never shadowed by a stale build in the source tree: there fastcall.py builds it on first
-use, keyed by the file's content. Its companion fastcall_torch.cpp is package data, never built
-here: it is bound to the installed torch's C++ ABI, so kernelkit builds it at run time.
+use, keyed by the file's content. Its companions fastcall_torch.cpp and autograd_node.cpp are
+package data, never built here: they are bound to the installed torch's C++ ABI, so kernelkit
+builds them (into one library) at run time.
 """
 
 from pathlib import Path

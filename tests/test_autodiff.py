@@ -6,6 +6,7 @@ import torch
 from torch.func import grad, jacrev, jvp, vjp, vmap
 
 import kernelkit as kk
+from kernelkit import fastcall
 
 # torch's own forward-AD setup scripts its decompositions with the deprecated torch.jit.script.
 pytestmark = pytest.mark.filterwarnings(
@@ -24,6 +25,9 @@ _tan = kk.metal_kernel(name="sin_mul_jvp", input_names=["x", "y", "tx", "ty"], o
                        source="""
     uint i = thread_position_in_grid.x;
     t[i] = metal::cos(x[i]) * y[i] * tx[i] + metal::sin(x[i]) * ty[i];""")
+_triple = kk.metal_kernel(name="triple", input_names=["x"], output_names=["y"], source="""
+    uint i = thread_position_in_grid.x;
+    y[i] = 3 * x[i];""")
 
 
 def launch(kernel, inputs, n_out):
@@ -80,6 +84,19 @@ def _(inputs, axes):
     return batch_rule(sin_mul)(inputs, axes)
 
 
+@pytest.fixture(autouse=True, params=["C++ node", "autograd.Function"])
+def recorder(request, monkeypatch):
+    """Every test on both roads of a call plain autograd records: the C++ node
+    (autograd_node.cpp) and torch.autograd.Function (where that node is not built)."""
+    fastcall.module(block=True)
+    if request.param == "C++ node":
+        if fastcall.node_attach is None:
+            pytest.skip(f"no C++ node here: {fastcall.torch_helper()}")
+    else:
+        monkeypatch.setattr(fastcall, "node_attach", None)
+    return request.param
+
+
 def inputs(device, dtype=torch.float32, n=37):
     return (torch.randn(n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype))
 
@@ -98,6 +115,7 @@ def test_backward_and_autograd_grad_through_the_vjp(device):
     x, y = x.requires_grad_(), y.requires_grad_()
     out = sin_mul(x, y)
     assert isinstance(out, torch.Tensor) and out.grad_fn.name() == "sin_mulBackward"
+    assert out.requires_grad and not out.is_leaf
     close(out, torch.sin(x) * y)
     ct = torch.randn_like(out)
     before = CALLS["vjp"]
@@ -532,3 +550,97 @@ def test_an_input_returned_as_is():
     (a.sum() + 2 * b.sum()).backward()
     close(x.grad, torch.ones(3))
     close(y.grad, torch.tensor([[2.0] * 3, [0.0] * 3]))
+
+
+def test_graph_rules_as_torch_s(recorder):
+    """What autograd promises of a recorded call, on both roads: a graph runs once unless
+    retained, a saved tensor modified in place is caught, saved-tensor hooks see the call's
+    tensors and outputs, and the graph (outputs included) is freed with its last output."""
+    import gc
+    import weakref
+
+    x, y = (t.requires_grad_() for t in inputs("cpu"))
+    out = sin_mul(x, y)
+    out.sum().backward(retain_graph=True)
+    out.sum().backward()
+    close(x.grad, 2 * torch.cos(x) * y)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.sum().backward()
+
+    x2 = x.detach().clone().requires_grad_()
+    out = sin_mul(x2, y)
+    with torch.no_grad():
+        x2.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
+        out = sin_mul(x, y)
+    assert len(packed) == 3  # x, y and the output
+    (gx,) = torch.autograd.grad(out.sum(), x)
+    close(gx, torch.cos(x) * y)
+
+    x3 = x.detach().clone().requires_grad_()
+    out = sin_mul(x3, y)
+    saved, alive = weakref.ref(x3), weakref.ref(out)
+    del x3
+    gc.collect()
+    assert saved() is not None  # kept by the graph
+    del out
+    gc.collect()
+    assert alive() is None and saved() is None
+
+
+def test_errors_of_a_vjp_reach_the_caller_as_raised(recorder):
+    @kk.custom_function
+    def f(x):
+        return x * 2
+
+    @f.vjp
+    def _(primals, cotangent, output):
+        raise KeyError("from the vjp")
+
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(KeyError, match="from the vjp"):
+        f(x).sum().backward()
+    f.vjp(lambda primals, cotangent, output: "not a gradient")
+    with pytest.raises((TypeError, ValueError), match="f's vjp"):
+        f(x).sum().backward()
+
+
+def test_a_call_whose_tensors_do_not_all_require_grad(recorder):
+    """Gradients flow to the tensors that require them; the others get none."""
+    x, y = inputs("cpu")
+    x.requires_grad_()
+    out = sin_mul(x, y)
+    (gx,) = torch.autograd.grad(out.sum(), x)
+    close(gx, torch.cos(x) * y)
+    assert y.grad is None
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(sin_mul(x, y).sum(), y)
+
+
+def test_compiled_autograd(recorder):
+    """Compiled autograd traces Python autograd nodes: a call recorded while it is on goes through
+    torch.autograd.Function; one recorded on the C++ node before it was turned on says so."""
+    from torch._dynamo import compiled_autograd
+
+    @kk.custom_function
+    def triple(x):
+        return launch(_triple, [x], 1)[0]
+
+    @triple.vjp
+    def _(primals, cotangent, output):
+        return triple(cotangent)
+
+    x = torch.randn(8, requires_grad=True)
+    with compiled_autograd._enable(torch.compile(backend="eager")):
+        triple(x).sum().backward()
+    close(x.grad, torch.full((8,), 3.0))
+    if recorder == "C++ node":
+        out = triple(x)
+        with pytest.raises(NotImplementedError, match="recorded before compiled autograd was turned on"):
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                out.sum().backward()
+

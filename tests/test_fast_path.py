@@ -483,6 +483,7 @@ def test_fastcall_torch_builds_here_and_is_lent():
     there), loads and is lent to the extension: repeated calls then read tensors in C++."""
     helper = fastcall.torch_helper()
     assert not isinstance(helper, str), helper
+    assert fastcall.node_attach is not None  # custom_function's C++ node, built into that library
     x = torch.randn(2, 3)
     assert fastcall.module().key([x], [torch.float32], (8, 1, 1), (8, 1, 1), None)[4] == \
         (torch.float32, torch.device("cpu"), 2, True, False)

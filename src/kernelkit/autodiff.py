@@ -14,8 +14,11 @@ A kernel is opaque to autograd, so a call goes through a `torch.autograd.Functio
 made for `f` (its `grad_fn` reads `fBackward`) whose backward, jvp and vmap
 staticmethods call the rules. That is the road both `torch.autograd`
 (`.backward()`, `autograd.grad`, `gradcheck`, forward AD) and `torch.func`
-(`grad`, `vjp`, `jvp`, `vmap`, `jacrev`...) take. Backward runs where autograd
-runs it: on the stream of the forward, with no sync here.
+(`grad`, `vjp`, `jvp`, `vmap`, `jacrev`...) take. The usual call, which only
+plain autograd records, takes a shorter one of the same meaning: its forward
+runs below autograd and a C++ node (autograd_node.cpp, also `fBackward`) calls
+the vjp rule. Backward runs where autograd runs it: on the stream of the
+forward, with no sync here.
 
 The rules see what MLX's see:
 - `primals` / `inputs`: the positional arguments as a tuple, or the argument
@@ -57,10 +60,12 @@ Choices where PyTorch and MLX differ:
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
+from . import fastcall as _fastcall
 from . import torch_ops as _torch_ops
 
 _LEAF = None  # the structure of a leaf (see _flatten)
@@ -188,11 +193,14 @@ class _Call:
     whichever of forward or the vmap rule produced the outputs.
     """
 
-    __slots__ = ("fun", "args_spec", "kwargs_spec", "kwargs", "n_primal", "tensor_at", "out_spec")
+    __slots__ = ("fun", "args_spec", "kwargs_spec", "kwargs", "n_primal", "tensor_at", "out_spec", "leaves",
+                 "outs")
 
     def __init__(self, fun, args_spec, kwargs_spec, kwargs, n_primal, tensor_at):
         self.fun, self.args_spec, self.kwargs_spec, self.kwargs = fun, args_spec, kwargs_spec, kwargs
         self.n_primal, self.tensor_at, self.out_spec = n_primal, tensor_at, None
+        self.leaves = None  # the C++ node's call: its non-tensor leaves (see _held_leaves)
+        self.outs = None  # _Direct's: the outputs of a forward already run
 
     def unflatten(self, leaves):
         """(args, kwargs) of the call, from its leaves: keyword arguments are leaves past the
@@ -287,7 +295,7 @@ class _Function(torch.autograd.Function):
         n_in = len(ctx.tensor_at)
 
         def rule(tensors):
-            leaves = _with_tensors(ctx, tensors[:n_in])
+            leaves = _with_tensors(ctx.leaves, ctx.tensor_at, tensors[:n_in])
             if call.fun._jvp is None:
                 return _traced_jvp(call, leaves, tensors[n_in:], ctx.out_diff)
             primals, kwargs = call.arguments(leaves)
@@ -336,18 +344,18 @@ class _Function(torch.autograd.Function):
 
 
 class _Direct(torch.autograd.Function):
-    """The autograd.Function of the usual call, which neither torch.func nor forward-mode AD sees
-    and whose positional arguments are flat and keyword arguments hold no tensor: old-style (its
-    forward takes ctx), so a call runs one Python frame each way and rebuilds no structure, where
-    _Function's setup_context style (which torch.func needs) runs three (together ~40% of a small
-    call's host time). Its backward is _Function's.
+    """The autograd.Function of the usual call (which neither torch.func nor forward-mode AD sees,
+    whose positional arguments are flat and keyword arguments hold no tensor) where the C++ node
+    cannot take it (see _record): old-style (its forward takes ctx), so a call runs one Python
+    frame each way and rebuilds no structure, where _Function's setup_context style (which
+    torch.func needs) runs three. Its backward is _Function's.
 
-    apply(call, *args) -> the flat tuple of outputs.
+    apply(call, *args) -> the flat tuple of outputs, those of the forward already run (call.outs).
     """
 
     @staticmethod
     def forward(ctx, call, *args):
-        outs = call.outputs(call.fun._fun(*args, **call.kwargs), "forward")
+        outs, call.outs = call.outs, None  # (kept on the call, they would keep the graph alive)
         _keep(ctx, call, args, outs, direct=True)
         return tuple(outs)
 
@@ -361,14 +369,8 @@ def _keep(ctx, call, leaves, outputs, direct: bool) -> None:
     are, its tensors and outputs saved; direct: whether _Direct made it."""
     ctx.call, ctx.direct = call, direct
     ctx.tensor_at = call.tensor_at
-    if len(call.tensor_at) == len(leaves):  # every leaf a tensor (the usual call): none to keep
-        ctx.leaves, tensors = None, leaves
-    else:
-        ctx.leaves = leaves = list(leaves)
-        tensors = []
-        for i in call.tensor_at:
-            tensors.append(leaves[i])
-            leaves[i] = None
+    ctx.leaves = _held_leaves(leaves, call.tensor_at)
+    tensors = [leaves[i] for i in call.tensor_at]
     ctx.out_diff = [o.is_floating_point() or o.is_complex() for o in outputs]
     if False in ctx.out_diff:
         ctx.mark_non_differentiable(*[o for o, d in zip(outputs, ctx.out_diff) if not d])
@@ -382,28 +384,51 @@ def _keep(ctx, call, leaves, outputs, direct: bool) -> None:
 def _backward(ctx, grads) -> tuple:
     """The gradients of a call's apply arguments by the vjp rule: None for `call` and the
     non-tensor leaves."""
-    call, n_in = ctx.call, len(ctx.tensor_at)
-
-    def rule(tensors):
-        leaves = _with_tensors(ctx, tensors[:n_in])
-        args, kwargs = call.unflatten(leaves)
-        n_out = len(ctx.out_diff)
-        return vjp_gradients(call.fun, args, kwargs, leaves, call.n_primal, call.out_spec,
-                             tensors[n_in:n_in + n_out], tensors[n_in + n_out:])
-
-    saved = ctx.saved_tensors
-    outputs = saved[n_in:]
-    grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
-    if ctx.direct and not torch._C._are_functorch_transforms_active():
-        grads = rule([*saved, *grads])  # (nothing is wrapped: neither the forward nor this runs in torch.func)
-    else:
-        grads = _below_functorch(call.fun, "vjp", rule, [*saved, *grads])
+    grads = _rule_gradients(ctx.call, ctx.leaves, ctx.saved_tensors, grads, ctx.direct)
     if ctx.leaves is None:
         return (None, *grads)
     out = [None] * (1 + len(ctx.leaves))
     for i, g in zip(ctx.tensor_at, grads):
         out[1 + i] = g
     return tuple(out)
+
+
+def _compiled_autograd_on() -> bool:
+    """Whether compiled autograd is on or configured (torch._dynamo's, if imported): it traces
+    Python autograd nodes, so a call then goes through torch.autograd.Function."""
+    compiled = sys.modules.get("torch._dynamo.compiled_autograd")
+    return compiled is not None and (compiled.compiled_autograd_enabled
+                                     or sys.modules["torch._dynamo.config"].compiled_autograd)
+
+
+def _node_backward(call, *tensors) -> list:
+    """The C++ node's backward (autograd_node.cpp): `tensors` are the call's tensors, its outputs,
+    then their cotangents (None where not given); one gradient per tensor of the call."""
+    n_saved = len(tensors) - (len(tensors) - len(call.tensor_at)) // 2
+    return _rule_gradients(call, call.leaves, tensors[:n_saved], tensors[n_saved:], True)
+
+
+def _rule_gradients(call, leaves, saved, grads, direct: bool) -> list:
+    """The gradient of each tensor of a call by its vjp rule. leaves: the call's leaves with None
+    at its tensors (None: all are tensors); saved: its tensors, then its outputs; grads: the
+    outputs' cotangents, None where not given (zeros then, as MLX); direct: whether its forward
+    ran outside torch.func."""
+    n_in = len(call.tensor_at)
+    outputs = saved[n_in:]
+    grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
+    plain = direct and not torch._C._are_functorch_transforms_active()  # (nothing is wrapped)
+    if plain and leaves is None:  # the usual call: its tensors are its positional arguments, as they are
+        args = saved[:n_in]
+        return vjp_gradients(call.fun, args, call.kwargs, args, call.n_primal, call.out_spec, outputs, grads)
+
+    def rule(tensors):
+        full = _with_tensors(leaves, call.tensor_at, tensors[:n_in])
+        args, kwargs = call.unflatten(full)
+        n_out = (len(tensors) - n_in) // 2
+        return vjp_gradients(call.fun, args, kwargs, full, call.n_primal, call.out_spec,
+                             tensors[n_in:n_in + n_out], tensors[n_in + n_out:])
+
+    return rule([*saved, *grads]) if plain else _below_functorch(call.fun, "vjp", rule, [*saved, *grads])
 
 
 def vjp_gradients(fun, args, kwargs, leaves, n_primal, out_spec, outputs, grads) -> list:
@@ -479,14 +504,26 @@ def _leaves(tree) -> list:
     return flat
 
 
-def _with_tensors(ctx, tensors) -> list:
-    """The call's leaves, with `tensors` (saved or unwrapped) at the tensor positions."""
-    if ctx.leaves is None:  # all tensors
+def _with_tensors(held, tensor_at, tensors) -> list:
+    """A call's leaves: those `held` (None at its tensors; None: all are tensors), with `tensors`
+    (saved or unwrapped) at the tensor positions `tensor_at`."""
+    if held is None:  # all tensors
         return list(tensors)
-    leaves = list(ctx.leaves)
-    for i, t in zip(ctx.tensor_at, tensors):
+    leaves = list(held)
+    for i, t in zip(tensor_at, tensors):
         leaves[i] = t
     return leaves
+
+
+def _held_leaves(leaves, tensor_at):
+    """A call's leaves to keep for its backward: None where all are tensors, else the list with
+    None at its tensors (saved apart, with their version checks)."""
+    if len(tensor_at) == len(leaves):
+        return None
+    held = list(leaves)
+    for i in tensor_at:
+        held[i] = None
+    return held
 
 
 def _gradients(fun: "custom_function", n_primal: int, leaves: list, result) -> list:
@@ -552,6 +589,7 @@ class custom_function:
         self._apply = super(torch.autograd.Function, self._function).apply  # the C apply
         direct = type(name, (_Direct,), {"__module__": _Function.__module__})
         self._direct = super(torch.autograd.Function, direct).apply
+        self._node_name = f"{name}Backward"  # (the C++ node's, as torch names a Function's)
         self._op_key = _torch_ops.function_key(self)  # its name in torch.compile's op specs
 
     # As MLX, each setter returns the custom_function itself.
@@ -608,8 +646,32 @@ class custom_function:
             for i in tensor_at:
                 leaves[i] = _unwrap_if_dead(leaves[i])
             direct = _forward_ad._current_level < 0 and kwargs_spec is None and args_spec == (tuple, n_primal)
-            flat = (self._direct if direct else self._apply)(call, *leaves)
+            flat = self._record(call, leaves) if direct else self._apply(call, *leaves)
         return _unflatten(call.out_spec, flat)
+
+    def _record(self, call, leaves):
+        """The usual call, recorded for plain autograd: the forward below autograd, then the C++
+        node over it (autograd_node.cpp: torch.autograd.Function's work less its Python; on the
+        H200's host a one-kernel function's forward + backward went from 1.34x a hand-written
+        autograd.Function to ~1.13x); torch.autograd.Function (_Direct) where that node is not
+        built yet (or cannot be here), compiled autograd is on, or the node cannot own the
+        outputs (an input or a view returned, which torch gives a view of its own)."""
+        torch._C._set_grad_enabled(False)
+        try:
+            outs = call.outputs(self._fun(*leaves, **call.kwargs), "forward")
+        finally:
+            torch._C._set_grad_enabled(True)  # (recorded only where grad mode was on)
+        attach = _fastcall.node_attach
+        if attach is None:
+            _fastcall.module(block=False)  # (the node's library: built in the background, once)
+        elif _compiled_autograd_on():
+            attach = None
+        call.leaves = _held_leaves(leaves, call.tensor_at)
+        if attach is not None and attach(_node_backward, call, [leaves[i] for i in call.tensor_at], outs,
+                                         self._node_name):
+            return outs
+        call.leaves, call.outs = None, outs
+        return self._direct(call, *leaves)
 
     def __repr__(self) -> str:
         rules = [r for r in ("vjp", "jvp", "vmap") if getattr(self, f"_{r}") is not None]

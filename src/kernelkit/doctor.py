@@ -295,7 +295,8 @@ def probe_fastcall():
     helper = fastcall.torch_helper()
     if isinstance(helper, str):  # the Python-method path allocates and reads tensors instead
         return Finding("fast call path", "ok", f"compiled (fastcall.cpp); its libtorch helper is not ({helper})")
-    return Finding("fast call path", "ok", "compiled (fastcall.cpp, and fastcall_torch.cpp against this torch)")
+    return Finding("fast call path", "ok", "compiled (fastcall.cpp, and fastcall_torch.cpp with custom_function's "
+                   "autograd node against this torch)")
 
 
 def _writable(directory: Path) -> bool:

@@ -16,6 +16,8 @@ call's host time; libtorch's C++ ABI changes with each torch release, so it is a
 here, against the installed torch (as torch's own extensions are), after fastcall.cpp and in
 the same background thread, cached by torch's version and place, and lent to the extension
 (`set_torch`). Without it (no torch headers, a compile error) the Python methods remain.
+The same library holds custom_function's C++ autograd node (`autograd_node.cpp`, `node_attach`);
+without it custom_function goes through torch.autograd.Function.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("fastcall.cpp")
-TORCH_SOURCE = Path(__file__).with_name("fastcall_torch.cpp")
+TORCH_SOURCES = (Path(__file__).with_name("fastcall_torch.cpp"), Path(__file__).with_name("autograd_node.cpp"))
 
 
 _result = None  # the module, or a line saying why there is none; None until known
 _torch = None  # fastcall_torch's library (lent to the module), or why there is none; None until known
+node_attach = None  # autograd_node.cpp's attach, once that library is loaded (autodiff reads it)
 _builder: threading.Thread | None = None
 _lock = threading.Lock()
 
@@ -84,7 +87,7 @@ def _installed():
 
 
 def _build() -> None:
-    global _result, _torch
+    global _result, _torch, node_attach
     if _result is None:
         try:
             _result = _built()
@@ -98,6 +101,8 @@ def _build() -> None:
         return
     try:
         _torch = _lend_torch(_result)
+        if not isinstance(_torch, str):
+            node_attach = ctypes.PYFUNCTYPE(ctypes.py_object)(("kk_attach_function", _torch))()
     except Exception as e:  # noqa: BLE001 - as above: torch's Python methods remain
         _torch = f"{type(e).__name__}: {e}".splitlines()[0]
     if isinstance(_torch, str):
@@ -139,7 +144,7 @@ def _lend_torch(mod):
              "-Wl,--no-as-needed", f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python",
              f"-Wl,-rpath,{lib}")
     try:
-        source = TORCH_SOURCE.read_text()
+        source = "".join(f'#line 1 "{p.name}"\n{p.read_text()}' for p in TORCH_SOURCES)  # one library
         # the library is bound to this torch: its version, and its place (the rpath above)
         key = key_of(source, "fastcall_torch", sys.version, platform.machine(), cpu.compiler()[1],
                      torch.__version__, str(torch.version.git_version), str(lib), *flags)
