@@ -1,5 +1,7 @@
 """kk.custom_function: MLX's custom vjp/jvp/vmap rules, through torch.autograd and torch.func."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -644,3 +646,42 @@ def test_compiled_autograd(recorder):
             with compiled_autograd._enable(torch.compile(backend="eager")):
                 out.sum().backward()
 
+
+
+def test_ops_on_both_roads(recorder):
+    """kernelkit's ops under plain autograd take autodiff.record_op (the C++ node without
+    custom_function's argument handling) where the node is built, else their custom_function:
+    the same gradients either way, as torch.func's (which always goes through custom_function)."""
+    from kernelkit.ops import flash_attention, flash_attention_reference, grid_sample, grid_sample_torch
+
+    q, k, v = (torch.randn(1, 2, 9, 64, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    assert o.grad_fn.name() == "_attentionBackward"
+    dout = torch.randn_like(o)
+    got = torch.autograd.grad((o * dout).sum(), (q, k, v), retain_graph=True)  # lse's cotangent: zeros
+    ref = torch.autograd.grad((flash_attention_reference(q, k, v, causal=True) * dout).sum(), (q, k, v))
+    with warnings.catch_warnings():  # (an op's backward kernels do not warn that they have no derivative)
+        warnings.simplefilter("error")
+        by_func = torch.func.grad(lambda *x: (flash_attention(*x, causal=True) * dout).sum(),
+                                  argnums=(0, 1, 2))(q, k, v)
+    for a, b, c in zip(got, ref, by_func):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(c, b)
+    dlse = torch.randn_like(lse)
+    (gq,) = torch.autograd.grad((lse * dlse).sum(), q)
+    _, lse_ref = flash_attention_reference(q, k, v, causal=True, return_lse=True)
+    torch.testing.assert_close(gq, torch.autograd.grad((lse_ref * dlse).sum(), q)[0])
+
+    x = torch.randn(2, 5, 6, 3, dtype=torch.float64, requires_grad=True)
+    grid = (torch.rand(2, 4, 3, 2, dtype=torch.float64) * 2 - 1).requires_grad_()
+    out = grid_sample(x, grid)
+    assert out.grad_fn.name() == "_grid_sampleBackward"
+    ct = torch.randn_like(out)
+    got = torch.autograd.grad((out * ct).sum(), (x, grid))
+    ref = torch.autograd.grad((grid_sample_torch(x, grid) * ct).sum(), (x, grid))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        by_func = torch.func.grad(lambda *a: (grid_sample(*a) * ct).sum(), argnums=(0, 1))(x, grid)
+    for a, b, c in zip(got, ref, by_func):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(c, b)

@@ -394,11 +394,67 @@ def _backward(ctx, grads) -> tuple:
 
 
 def _compiled_autograd_on() -> bool:
-    """Whether compiled autograd is on or configured (torch._dynamo's, if imported): it traces
-    Python autograd nodes, so a call then goes through torch.autograd.Function."""
+    """Whether compiled autograd is on (torch._dynamo's, if imported; its config flag turns it on
+    while a compiled frame runs): it traces Python autograd nodes, so a call then goes through
+    torch.autograd.Function."""
     compiled = sys.modules.get("torch._dynamo.compiled_autograd")
-    return compiled is not None and (compiled.compiled_autograd_enabled
-                                     or sys.modules["torch._dynamo.config"].compiled_autograd)
+    return compiled is not None and compiled.compiled_autograd_enabled
+
+
+def record_op(fun: "custom_function", inputs: tuple, kwargs: dict, backward):
+    """The road of kernelkit's own ops under plain autograd: fun's function run below autograd on
+    `inputs` (tensors) and `kwargs` (constants), and the C++ node whose backward is
+    `backward(*inputs, *outputs, *cotangents, **kwargs)` -> a gradient (or None) per input, the
+    cotangents as custom_function's rules get them (zeros where not given). custom_function's handling of MLX's argument structures costs
+    the op's forward + backward ~10 us of host time on this CPU, ~30 on the H200's host. The
+    outputs (a tuple for several), or None where this road does not apply: no input requires grad,
+    grad mode is off, a torch.func transform, forward AD, torch.compile or compiled autograd is
+    on, the node is not built. The caller then calls fun, which handles every case."""
+    attach = _fastcall.node_attach
+    if attach is None or not torch.is_grad_enabled() or _forward_ad._current_level >= 0 \
+            or torch._C._are_functorch_transforms_active() or _torch_ops.tracing() or _compiled_autograd_on():
+        return None
+    for x in inputs:  # (a loop: any() over a generator costs more, on every call)
+        if x.requires_grad:
+            break
+    else:
+        return None
+    inputs = [_unwrap_if_dead(x) for x in inputs]
+    torch._C._set_grad_enabled(False)
+    try:
+        out = fun._fun(*inputs, **kwargs)
+    finally:
+        torch._C._set_grad_enabled(True)
+    outs = list(out) if type(out) in (tuple, list) else [out]
+    if not attach(_op_backward, (fun, backward, kwargs, len(inputs)), inputs, outs, fun._node_name):
+        return None  # (an output aliases an input: fun's road gives it a view of its own)
+    return out
+
+
+def kernel_backward(backward):
+    """An op's backward made of kernels, run without grad mode: kernels have no derivative, so under
+    create_graph or torch.func.grad (where grad mode is on) they would only warn of it."""
+    @functools.wraps(backward)
+    def run(*args, **kwargs):
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return backward(*args, **kwargs)
+        return backward(*args, **kwargs)
+    return run
+
+
+def _op_backward(call, *tensors) -> list:
+    """record_op's node's backward: call is (fun, backward, kwargs, number of inputs)."""
+    fun, backward, kwargs, n_in = call
+    n_saved = len(tensors) - (len(tensors) - n_in) // 2
+    for g in tensors[n_saved:]:  # (not `None in`: that compares tensors with None, ~20 us)
+        if g is None:
+            tensors = [*tensors[:n_saved], *(_zeros_like(o) if g is None else g
+                                             for o, g in zip(tensors[n_in:n_saved], tensors[n_saved:]))]
+            break
+    if torch._C._are_functorch_transforms_active():  # (a graph recorded outside, run inside)
+        return _below_functorch(fun, "vjp", lambda ts: backward(*ts, **kwargs), list(tensors))
+    return backward(*tensors, **kwargs)
 
 
 def _node_backward(call, *tensors) -> list:

@@ -25,6 +25,7 @@ import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
 from ..arrays import aligned
+from ..autodiff import kernel_backward, record_op
 from ..preconditions import FLOATS, Preconditions, check_once
 from . import hopper
 
@@ -391,12 +392,15 @@ def _attention(q, k, v, *, causal, scale, layout):
     return _attend(q, k, v, causal, scale, layout)
 
 
-@_attention.vjp
-def _attention_vjp(primals, cotangents, outputs, *, causal, scale, layout):
-    q, k, v = primals
-    dout, dlse = cotangents
-    o, lse = outputs
+@kernel_backward
+def _op_gradients(q, k, v, o, lse, dout, dlse, *, causal, scale, layout):
+    """(dq, dk, dv): the backward of both roads (autodiff.record_op's, and the vjp's)."""
     return _gradients(q, k, v, o, lse, dout, dlse, causal, scale, layout)
+
+
+@_attention.vjp
+def _attention_vjp(primals, cotangents, outputs, **settings):
+    return _op_gradients(*primals, *outputs, *cotangents, **settings)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -413,7 +417,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     (float64 for float64), differentiable too.
     """
     check_once(_check_call, q, k, v, causal, scale, layout, return_lse)
-    o, lse = _attention(q, k, v, causal=causal, scale=scale, layout=layout)
+    settings = {"causal": causal, "scale": scale, "layout": layout}
+    out = record_op(_attention, (q, k, v), settings, _op_gradients)
+    o, lse = _attention(q, k, v, **settings) if out is None else out
     return (o, lse) if return_lse else o
 
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
+from ..autodiff import kernel_backward, record_op
 from ..arrays import aligned
 from ..preconditions import FLOATS, Preconditions, check_once
 
@@ -375,12 +376,19 @@ def _grid_sample(x, grid, *, mode, padding_mode, align_corners, binning):
     return _forward_checked(x, grid, mode, padding_mode, align_corners, binning)
 
 
+@kernel_backward
+def _op_gradients(x, grid, *tensors, mode, padding_mode, align_corners, binning):
+    """(x's gradient, grid's): the backward of both roads (autodiff.record_op's, and the vjp's).
+    tensors: the outputs, then their cotangents (the binning's are zeros)."""
+    binned, cotangent = (tuple(tensors[1:4]), tensors[4]) if binning else (None, tensors[1])
+    return _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners, binned)
+
+
 @_grid_sample.vjp
-def _grid_sample_vjp(primals, cotangents, outputs, *, mode, padding_mode, align_corners, binning):
-    x, grid = primals
-    cotangent = cotangents[0] if binning else cotangents
-    return _backward_checked(x, grid, cotangent, mode, padding_mode, align_corners,
-                             tuple(outputs[1:]) if binning else None)
+def _grid_sample_vjp(primals, cotangents, outputs, **settings):
+    if not settings["binning"]:  # one output: MLX hands it, and its cotangent, as they are
+        outputs, cotangents = (outputs,), (cotangents,)
+    return _op_gradients(*primals, *outputs, *cotangents, **settings)
 
 
 def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
@@ -394,8 +402,10 @@ def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     check_once(_check, x, grid, mode, padding_mode, align_corners)
     # when a gradient will be wanted, the forward's kernel bins the points for the backward too
     binning = torch.is_grad_enabled() and (x.requires_grad or grid.requires_grad) and not _per_point(x.device)
-    out = _grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners,
-                       binning=binning)
+    settings = {"mode": mode, "padding_mode": padding_mode, "align_corners": align_corners, "binning": binning}
+    out = record_op(_grid_sample, (x, grid), settings, _op_gradients)
+    if out is None:
+        out = _grid_sample(x, grid, **settings)
     return out[0] if binning else out
 
 
