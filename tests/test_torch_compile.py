@@ -135,6 +135,27 @@ def test_ops_compile_for_inference(device):
         torch.testing.assert_close(torch.compile(infer, fullgraph=True)(x, g, a, b, bias), infer(x, g, a, b, bias))
         _no_breaks(infer, x, g, a, b, bias)
 
+def test_an_op_compiles_once(device):
+    """A graph of ops compiles once: Dynamo guards on nothing their eager road reads (the argument
+    checks' cache of signatures seen, whether the C++ autograd node is built yet); such a guard
+    compiled the graph again at its second step, and was checked at every step."""
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    x = torch.randn(2, 8, 8, 4, device=device)
+    g = torch.rand(2, 5, 6, 2, device=device) * 2 - 1
+    q = k = v = torch.randn(1, 2, 9, 64, device=device)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x, g, q, k, v: kk.ops.grid_sample(x, g).sum() + kk.ops.flash_attention(q, k, v).sum(),
+                         backend=backend, fullgraph=True)
+    for _ in range(3):
+        step(x, g, q, k, v)
+    assert len(compiles) == 1
+
+
 def test_opcheck(device):
     k = kk.metal_kernel("square", ["x"], ["y"], SQUARE)
     x = torch.randn(40, device=device)

@@ -53,7 +53,11 @@ def check_once(check, *args) -> None:
     device, any other argument's type and value. For checks that read no more than that (an op's
     Preconditions), so that an op's repeated calls skip them: they cost a small call's host time
     several times over. Arguments that cannot be hashed (or symbolic shapes) are checked every
-    call."""
+    call, and so is a call Dynamo traces (once a graph: a guard on what this has seen would make
+    torch.compile compile the graph again after its first step, and check that guard every step)."""
+    if torch.compiler.is_compiling():
+        check(*args)
+        return
     key = [check]
     for a in args:  # (a loop: a generator costs more, on every call)
         if isinstance(a, torch.Tensor):
