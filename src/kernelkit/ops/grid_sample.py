@@ -22,8 +22,8 @@ from typing import NamedTuple
 import torch
 
 from .. import cuda_kernel, custom_function, metal_kernel
-from ..autodiff import kernel_backward, record_op
 from ..arrays import aligned
+from ..autodiff import kernel_backward, record_op
 from ..preconditions import FLOATS, Preconditions, check_once
 
 
