@@ -405,11 +405,12 @@ def record_op(fun: "custom_function", inputs: tuple, kwargs: dict, backward):
     """The road of kernelkit's own ops under plain autograd: fun's function run below autograd on
     `inputs` (tensors) and `kwargs` (constants), and the C++ node whose backward is
     `backward(*inputs, *outputs, *cotangents, **kwargs)` -> a gradient (or None) per input, the
-    cotangents as custom_function's rules get them (zeros where not given). custom_function's handling of MLX's argument structures costs
-    the op's forward + backward ~10 us of host time on this CPU, ~30 on the H200's host. The
-    outputs (a tuple for several), or None where this road does not apply: no input requires grad,
-    grad mode is off, a torch.func transform, forward AD, torch.compile or compiled autograd is
-    on, the node is not built. The caller then calls fun, which handles every case."""
+    cotangents as custom_function's rules get them (zeros where not given). custom_function's
+    handling of MLX's argument structures cost flash attention's forward + backward ~13 us of
+    host time on the CPU, ~40 on the H200's host. The outputs (a tuple for several), or None
+    where this road does not apply: no input requires grad, grad mode is off, a torch.func
+    transform, forward AD, torch.compile or compiled autograd is on, the node is not built. The
+    caller then calls fun, which handles every case."""
     if _torch_ops.tracing():  # (first: Dynamo would guard on what the others read, and compile again)
         return None
     attach = _fastcall.node_attach
