@@ -375,6 +375,65 @@ constant array<int, 3> weights = {1, 10, 100};
 """
 
 
+ADDRESS_SPACE_OVERLOADS = """
+inline float total(device const float4& v) { return v.x + v.y + v.z + v.w; }
+inline float total(thread const float4& v) { return v.x + v.y + v.z + v.w; }
+template <typename T> T first(const device T* p) { return p[0]; }
+template <typename T> T first(const threadgroup T* p) { return p[0]; }
+struct Sum {
+  float s = 0;
+  METAL_FUNC void add(const device float* p, int n) { for (int i = 0; i < n; ++i) s += p[i]; }
+  METAL_FUNC void add(const threadgroup float* p, int n) { for (int i = 0; i < n; ++i) s += p[i]; }
+};
+"""
+
+
+def test_overloads_on_address_spaces_alone(device):
+    """MSL overloads on address spaces (a function for device memory, one for threadgroup memory);
+    with one flat address space they are one definition twice: the later, the same token for
+    token once the address spaces are gone, is dropped, its lines kept (errors after it still
+    name their lines)."""
+    body = """
+    uint i = thread_position_in_grid.x;
+    threadgroup float tg[64];
+    tg[i % 64] = a[4 * i];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float4 t = float4(a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]);
+    Sum s;
+    s.add(a + 4 * i, 4);
+    s.add(tg, 2);
+    out[2 * i] = total(reinterpret_cast<device const float4*>(a)[i]) + 10.0f * total(t);
+    out[2 * i + 1] = first(a + 4 * i) + 10.0f * first(tg + 1) + 100.0f * s.s;
+"""
+    k = kk.metal_kernel(name="address_space_overloads", input_names=["a"], output_names=["out"], source=body,
+                        header=ADDRESS_SPACE_OVERLOADS)
+    n = 64
+    a = torch.randn(n, 4, device=device)
+    (out,) = launch(k, device, [a], [(n, 2)], [torch.float32], (n, 1, 1), (64, 1, 1))
+    v = a.cpu().double()
+    ref = torch.stack([11 * v.sum(1), v[:, 0] + 10 * v[1, 0] + 100 * (v.sum(1) + v[0, 0] + v[1, 0])], 1)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+
+    # #if / #else alternatives stay, whichever branch is taken
+    branches = "#if KK_BRANCH\ninline float two(device const float* p) { return p[0] + p[1]; }\n#else\n" \
+               "inline float two(thread const float* p) { return p[0] + p[1]; }\n#endif\n"
+    for flag, src in ((1, "out[0] = two(a);"), (0, "float v[2] = {a[0], a[1]}; out[0] = two(v);")):
+        k = kk.metal_kernel(name=f"branch{flag}", input_names=["a"], output_names=["out"],
+                            header=f"#define KK_BRANCH {flag}\n" + branches, source=src)
+        (out,) = launch(k, device, [a], [(1,)], [torch.float32], (1, 1, 1), (1, 1, 1))
+        torch.testing.assert_close(out.cpu().double(), (v[0, 0] + v[0, 1]).reshape(1), rtol=1e-5, atol=1e-5)
+
+    # Two definitions the same as written are a redefinition in MSL too; a later error keeps its line.
+    twice = "inline float one() { return 1.0f; }\ninline float one() { return 1.0f; }\n"
+    with pytest.raises(kk.CompileError, match="redefinition"):
+        launch(kk.metal_kernel(name="twice", input_names=["a"], output_names=["out"], header=twice,
+                               source="out[0] = one();"), device, [a], [(1,)], [torch.float32], (1, 1, 1), (1, 1, 1))
+    with pytest.raises(kk.CompileError, match="header line 11"):
+        launch(kk.metal_kernel(name="after_overloads", input_names=["a"], output_names=["out"],
+                               header=ADDRESS_SPACE_OVERLOADS + "inline float broken() { return undeclared_name; }\n",
+                               source="out[0] = a[0];"), device, [a], [(1,)], [torch.float32], (1, 1, 1), (1, 1, 1))
+
+
 def test_metal_array_and_array_ref(device):
     body = """
     uint i = thread_position_in_grid.x;

@@ -6,7 +6,8 @@ library is the prelude (`include/kernelkit/metal.h`), compiled inside
 front end is a token-level rewrite that keeps line numbers:
 
 - `device`, `thread`, and `threadgroup` on pointers and references vanish (one
-  flat address space on both targets); `constant` becomes `const`;
+  flat address space on both targets); `constant` becomes `const`; of overloads
+  on address spaces alone then the same, the later definition goes;
 - a `threadgroup` declaration becomes `KK_THREADGROUP` storage (CUDA shared
   memory; per-group memory on the CPU); program-scope `constant` data is put
   in `KK_PROGRAM_CONSTANT` storage (CUDA constant memory);
@@ -62,7 +63,9 @@ def uses_tensor_ops(header: str, body: str) -> bool:
 def lower(source: str, avoid: set[str], program_scope: bool) -> str:
     """Rewrite MSL-only syntax; `avoid` are identifiers that must not be read as swizzles."""
     tokens = tokenize(source)
+    written = [t.text for t in tokens]
     _lower_tokens(tokens, avoid, program_scope)
+    _address_space_overloads(tokens, written)
     return untokenize(tokens)
 
 
@@ -108,6 +111,75 @@ def _lower_tokens(tokens: list[Token], avoid: set[str], program_scope: bool) -> 
             template_argument = n and tokens[code[n - 1]].text in ("<", ",")
             t.text = "" if template_argument or _is_pointer_or_reference(tokens, code, n) else "KK_THREADGROUP"
     _conditionals(tokens, code)
+
+
+# Names before a parenthesis and a brace that are not a function's: `if (c) {`...
+_STATEMENTS = {"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype", "static_assert",
+               "noexcept", "requires", "else", "do"}
+_SCOPES = {"struct", "class", "union", "namespace"}  # bodies that hold definitions
+_BRANCH = re.compile(r"#\s*(?:if|ifdef|ifndef|elif|else|endif)\b")
+
+
+def _address_space_overloads(tokens: list[Token], written: list[str]) -> None:
+    """Drop the definitions that MSL overloads on address spaces alone (`float sum(device float4*
+    v) {...}` beside `float sum(thread float4* v) {...}`): with the address spaces gone they are one
+    definition twice, which C++ refuses. A later definition goes where it is then the same as an
+    earlier one of its scope, token for token (so it compiles to the same function: one flat
+    address space), and was not as written (two definitions the same as written stay: a
+    redefinition in MSL too). Its lines stay, empty, so that diagnostics keep their line numbers."""
+    code = [i for i, t in enumerate(tokens) if t.kind not in ("ws", "comment") and t.text]
+    match, stack = {}, []
+    for n, i in enumerate(code):
+        text = tokens[i].text
+        if text in ("(", "{", "["):
+            stack.append(n)
+        elif text in (")", "}", "]") and stack:
+            match[n] = stack.pop()
+            match[match[n]] = n
+    scopes = [None]  # the `{` of each enclosing scope that holds definitions; False: a block or function
+    definitions = []  # (scope, first and last code index) of each function defined in such a scope
+    region = 0  # conditional compilation: definitions in different #if branches are never the same
+    for n, i in enumerate(code):
+        text = tokens[i].text
+        if tokens[i].kind == "pp" and _BRANCH.match(text):
+            region += 1
+        elif text == "}" and len(scopes) > 1:
+            scopes.pop()
+        elif text == "{":
+            start, name = _declaration(tokens, code, match, n)
+            if name is not None and scopes[-1] is not False and n in match:
+                definitions.append(((scopes[-1], region), start, match[n]))
+                scopes.append(False)
+            else:
+                head = {tokens[code[k]].text for k in range(start, n)}
+                scopes.append(n if head & _SCOPES and scopes[-1] is not False else False)
+    seen: dict[tuple, str] = {}
+    for scope, start, end in definitions:
+        first, last = code[start], code[end]
+        key = (scope, " ".join(tokens[code[k]].text for k in range(start, end + 1)))
+        as_written = " ".join(written[k] for k in range(first, last + 1) if tokens[k].kind not in ("ws", "comment"))
+        if seen.setdefault(key, as_written) != as_written:
+            for k in range(first, last + 1):
+                tokens[k].text = "\n" * tokens[k].text.count("\n")
+
+
+def _declaration(tokens: list[Token], code: list[int], match: dict, n: int) -> tuple[int, str | None]:
+    """(where the declaration before the `{` at code[n] starts, its function's name or None where
+    the brace opens no function's body)."""
+    start = n
+    while start and tokens[code[start - 1]].text not in (";", "{", "}", ":") and \
+            tokens[code[start - 1]].kind != "pp":
+        start -= 1
+    if start and tokens[code[start - 1]].text == ":" and \
+            (start < 2 or tokens[code[start - 2]].text not in ("public", "private", "protected")):
+        return start, None  # (a constructor's initializers, whose own declaration starts earlier)
+    p = n - 1
+    while p >= start and tokens[code[p]].text in ("const", "noexcept", "override", "final", "&", "&&", "mutable"):
+        p -= 1
+    if p < start or tokens[code[p]].text != ")" or match.get(p, -1) <= start:
+        return start, None
+    name = tokens[code[match[p] - 1]]
+    return start, name.text if name.kind == "ident" and name.text not in _STATEMENTS else None
 
 
 # `c ? a : b` -> `c ? static_cast<C<a, b>>(a) : static_cast<C<b, a>>(b)`: C is
