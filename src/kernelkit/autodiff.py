@@ -402,36 +402,41 @@ def _compiled_autograd_on() -> bool:
 
 
 def record_op(fun: "custom_function", inputs: tuple, kwargs: dict, backward):
-    """The road of kernelkit's own ops under plain autograd: fun's function run below autograd on
-    `inputs` (tensors) and `kwargs` (constants), and the C++ node whose backward is
+    """fun(*inputs, **kwargs) for kernelkit's own ops (inputs: tensors, kwargs: constants). Under
+    plain autograd fun's function runs below autograd and the C++ node records it, its backward
     `backward(*inputs, *outputs, *cotangents, **kwargs)` -> a gradient (or None) per input, the
-    cotangents as custom_function's rules get them (zeros where not given). custom_function's
+    cotangents as custom_function's rules get them (zeros where not given): custom_function's
     handling of MLX's argument structures cost flash attention's forward + backward ~13 us of
-    host time on the CPU, ~40 on the H200's host. The outputs (a tuple for several), or None
-    where this road does not apply: no input requires grad, grad mode is off, a torch.func
-    transform, forward AD, torch.compile or compiled autograd is on, the node is not built. The
-    caller then calls fun, which handles every case."""
+    host time on the CPU, ~40 on the H200's host. Everywhere else (no input requires grad, grad
+    mode off, a torch.func transform, forward AD, torch.compile or compiled autograd on, the node
+    not built) fun itself, which handles every case."""
     if _torch_ops.tracing():  # (first: Dynamo would guard on what the others read, and compile again)
-        return None
+        return fun(*inputs, **kwargs)
     attach = _fastcall.node_attach
     if attach is None or not torch.is_grad_enabled() or _forward_ad._current_level >= 0 \
             or torch._C._are_functorch_transforms_active() or _compiled_autograd_on():
-        return None
+        return fun(*inputs, **kwargs)
     for x in inputs:  # (a loop: any() over a generator costs more, on every call)
         if x.requires_grad:
             break
     else:
-        return None
-    inputs = [_unwrap_if_dead(x) for x in inputs]
+        return fun(*inputs, **kwargs)
+    unwrapped = [_unwrap_if_dead(x) for x in inputs]
+    out = _without_grad(fun._fun, *unwrapped, **kwargs)
+    outs = list(out) if type(out) in (tuple, list) else [out]
+    if not attach(_op_backward, (fun, backward, kwargs, len(unwrapped)), unwrapped, outs, fun._node_name):
+        return fun(*inputs, **kwargs)  # (an output aliases an input: fun's road gives it a view of its own)
+    return out
+
+
+def _without_grad(fn, *args, **kwargs):
+    """fn(*args, **kwargs) with grad mode off, called where it is on (torch.no_grad()'s context
+    manager costs ~3 us more)."""
     torch._C._set_grad_enabled(False)
     try:
-        out = fun._fun(*inputs, **kwargs)
+        return fn(*args, **kwargs)
     finally:
         torch._C._set_grad_enabled(True)
-    outs = list(out) if type(out) in (tuple, list) else [out]
-    if not attach(_op_backward, (fun, backward, kwargs, len(inputs)), inputs, outs, fun._node_name):
-        return None  # (an output aliases an input: fun's road gives it a view of its own)
-    return out
 
 
 def kernel_backward(backward):
@@ -439,35 +444,35 @@ def kernel_backward(backward):
     create_graph or torch.func.grad (where grad mode is on) they would only warn of it."""
     @functools.wraps(backward)
     def run(*args, **kwargs):
-        if not torch.is_grad_enabled():
-            return backward(*args, **kwargs)
-        torch._C._set_grad_enabled(False)  # (torch.no_grad()'s context manager costs ~3 us more)
-        try:
-            return backward(*args, **kwargs)
-        finally:
-            torch._C._set_grad_enabled(True)
+        return _without_grad(backward, *args, **kwargs) if torch.is_grad_enabled() else backward(*args, **kwargs)
     return run
 
 
 def _op_backward(call, *tensors) -> list:
     """record_op's node's backward: call is (fun, backward, kwargs, number of inputs)."""
     fun, backward, kwargs, n_in = call
-    n_saved = len(tensors) - (len(tensors) - n_in) // 2
-    for g in tensors[n_saved:]:  # (not `None in`: that compares tensors with None, ~20 us)
-        if g is None:
-            tensors = [*tensors[:n_saved], *(_zeros_like(o) if g is None else g
-                                             for o, g in zip(tensors[n_in:n_saved], tensors[n_saved:]))]
-            break
+    saved, grads = _node_arguments(tensors, n_in)
+    tensors = [*saved, *cotangents(grads, saved[n_in:])]
     if torch._C._are_functorch_transforms_active():  # (a graph recorded outside, run inside)
-        return _below_functorch(fun, "vjp", lambda ts: backward(*ts, **kwargs), list(tensors))
+        return _below_functorch(fun, "vjp", lambda ts: backward(*ts, **kwargs), tensors)
     return backward(*tensors, **kwargs)
+
+
+def _node_arguments(tensors: tuple, n_in: int) -> tuple:
+    """(a call's tensors and outputs, their cotangents) of what the C++ node hands its backward."""
+    n_saved = n_in + (len(tensors) - n_in) // 2
+    return tensors[:n_saved], tensors[n_saved:]
+
+
+def cotangents(grads, outputs) -> list:
+    """The outputs' cotangents as the rules get them: zeros (as MLX) where autograd gives None."""
+    return [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
 
 
 def _node_backward(call, *tensors) -> list:
     """The C++ node's backward (autograd_node.cpp): `tensors` are the call's tensors, its outputs,
     then their cotangents (None where not given); one gradient per tensor of the call."""
-    n_saved = len(tensors) - (len(tensors) - len(call.tensor_at)) // 2
-    return _rule_gradients(call, call.leaves, tensors[:n_saved], tensors[n_saved:], True)
+    return _rule_gradients(call, call.leaves, *_node_arguments(tensors, len(call.tensor_at)), True)
 
 
 def _rule_gradients(call, leaves, saved, grads, direct: bool) -> list:
@@ -477,7 +482,7 @@ def _rule_gradients(call, leaves, saved, grads, direct: bool) -> list:
     ran outside torch.func."""
     n_in = len(call.tensor_at)
     outputs = saved[n_in:]
-    grads = [_zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
+    grads = cotangents(grads, outputs)
     plain = direct and not torch._C._are_functorch_transforms_active()  # (nothing is wrapped)
     if plain and leaves is None:  # the usual call: its tensors are its positional arguments, as they are
         args = saved[:n_in]
@@ -718,11 +723,7 @@ class custom_function:
         autograd.Function to ~1.13x); torch.autograd.Function (_Direct) where that node is not
         built yet (or cannot be here), compiled autograd is on, or the node cannot own the
         outputs (an input or a view returned, which torch gives a view of its own)."""
-        torch._C._set_grad_enabled(False)
-        try:
-            outs = call.outputs(self._fun(*leaves, **call.kwargs), "forward")
-        finally:
-            torch._C._set_grad_enabled(True)  # (recorded only where grad mode was on)
+        outs = call.outputs(_without_grad(self._fun, *leaves, **call.kwargs), "forward")
         attach = _fastcall.node_attach
         if attach is None:
             _fastcall.module(block=False)  # (the node's library: built in the background, once)

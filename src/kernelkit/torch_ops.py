@@ -437,7 +437,7 @@ def _custom_function_vjp(spec, tensors, outputs, grads):
     call = _call_of(spec)
     leaves = call.leaves(tensors)
     args, kwargs = (tuple(tensors), call.kwargs) if call.direct else call.arguments(leaves)
-    grads = [_autodiff._zeros_like(o) if g is None else g for g, o in zip(grads, outputs)]
+    grads = _autodiff.cotangents(grads, outputs)
     gradients = _autodiff.vjp_gradients(_find(call.fun), args, kwargs, leaves, call.n_primal,
                                         _OUT_SPECS[spec], outputs, grads)
     # one per tensor (zeros for none), of its dtype and laid out as empty_like makes it (what the

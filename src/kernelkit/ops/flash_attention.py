@@ -417,9 +417,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     (float64 for float64), differentiable too.
     """
     check_once(_check_call, q, k, v, causal, scale, layout, return_lse)
-    settings = {"causal": causal, "scale": scale, "layout": layout}
-    out = record_op(_attention, (q, k, v), settings, _op_gradients)
-    o, lse = _attention(q, k, v, **settings) if out is None else out
+    o, lse = record_op(_attention, (q, k, v), {"causal": causal, "scale": scale, "layout": layout}, _op_gradients)
     return (o, lse) if return_lse else o
 
 

@@ -404,8 +404,6 @@ def grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     binning = torch.is_grad_enabled() and (x.requires_grad or grid.requires_grad) and not _per_point(x.device)
     settings = {"mode": mode, "padding_mode": padding_mode, "align_corners": align_corners, "binning": binning}
     out = record_op(_grid_sample, (x, grid), settings, _op_gradients)
-    if out is None:
-        out = _grid_sample(x, grid, **settings)
     return out[0] if binning else out
 
 
